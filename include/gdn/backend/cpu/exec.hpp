@@ -1,0 +1,40 @@
+#pragma once
+// What a CPU layer needs to run: the thread pool, per-thread scratch, and the description of the
+// rows it works on. A pass through the layers processes a "ubatch" of rows; each sequence in it
+// owns a contiguous run of rows (a Segment) at consecutive positions.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "gdn/backend/cpu/linear.hpp"
+#include "gdn/core/thread_pool.hpp"
+#include "gdn/layers/delta_rule.hpp"
+#include "gdn/model/weights.hpp"
+
+namespace gdn::cpu {
+
+struct Segment {
+  int slot = 0;             // sequence slot in the context
+  std::int64_t row = 0;     // first row in the ubatch
+  std::int64_t n = 0;       // rows (tokens)
+  std::int64_t pos = 0;     // position of the first row
+};
+
+struct ThreadScratch {
+  layers::DeltaRuleScratch delta;
+  std::vector<float> state;   // one head's recurrent state widened to float (bf16 state)
+  std::vector<float> scores;  // attention scores over a sequence's positions
+};
+
+struct Exec {
+  ThreadPool& pool;
+  std::span<ThreadScratch> threads;
+
+  void linear(const LinearWeight& w, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
+              std::int64_t ldy) {
+    cpu::linear(pool, w.w, x, ldx, rows, y, ldy);
+  }
+};
+
+}  // namespace gdn::cpu

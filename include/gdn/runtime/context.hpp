@@ -1,0 +1,80 @@
+#pragma once
+// A Context owns the mutable state for up to max_sequences sequences of one Model: per sequence and
+// GDN layer a conv state and a recurrent state, a paged KV cache for the attention layers (and the
+// MTP layer), plus all scratch memory of a step. Everything is allocated when the context is
+// created; a decode step allocates nothing. A Context is used by one thread at a time; several
+// contexts may share one Model.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+
+#include "gdn/core/dtype.hpp"
+#include "gdn/model/model.hpp"
+#include "gdn/runtime/batch.hpp"
+
+namespace gdn {
+
+struct ContextParams {
+  int max_sequences = 4;         // sequence slots
+  int max_context = 4096;        // positions per sequence
+  int kv_page_size = 16;         // positions per KV page
+  std::int64_t kv_pages = 0;     // 0: enough for every slot to reach max_context
+  int max_batch_tokens = 256;    // rows per pass through the layers; larger steps are split
+  int max_logits_rows = 0;       // 0: max(max_sequences, 64); grows (allocates) only when exceeded
+  std::optional<DType> state_dtype;  // recurrent state dtype; default: the config's mamba_ssm_dtype (float32)
+  int threads = 0;               // 0: one per hardware thread
+  int gdn_chunk_min_tokens = 16; // a sequence advancing by at least this many tokens takes chunked GDN
+  Backend backend = Backend::cpu;
+};
+
+class Context {
+ public:
+  Context(std::shared_ptr<const Model> model, const ContextParams& params = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  const Model& model() const noexcept;
+  const ContextParams& params() const noexcept;
+
+  // Sequences. create_sequence throws Error(out_of_capacity) when every slot is taken.
+  SeqId create_sequence();
+  // Clears all state: the sequence behaves exactly like a freshly created one.
+  void reset_sequence(SeqId seq);
+  void free_sequence(SeqId seq);
+  bool is_valid(SeqId seq) const noexcept;
+  std::int64_t sequence_length(SeqId seq) const;  // positions consumed by the main model
+  std::int64_t mtp_length(SeqId seq) const;       // positions consumed by the MTP layer
+  int live_sequences() const noexcept;
+
+  // Advances every sequence in the batch by its tokens. The whole batch is validated first (ids,
+  // token range, context length, KV capacity); on error nothing has changed. Throws gdn::Error.
+  void step(const Batch& batch);
+
+  // Outputs of the last step: logits row r (see Batch::logits_row) and the final hidden state
+  // after the last norm (what lm_head and the MTP head read). Valid until the next step.
+  std::int64_t logits_rows() const noexcept;
+  std::span<const float> logits(std::int64_t row) const;
+  std::span<const float> hidden(std::int64_t row) const;
+
+  // MTP head: for each batch token x at index i, with hidden[i] the main model's post-norm hidden
+  // state of the position before x, runs fc([norm(embed(x)); norm(hidden)]) → MTP decoder layer
+  // (its own KV cache, positions continuing from mtp_length) → norm → lm_head. Outputs replace
+  // those of the last step (same logits()/hidden() accessors). Throws Error(unsupported_model)
+  // when the model has no MTP head.
+  void step_mtp(const Batch& batch, std::span<const float> hidden);
+
+  // Memory accounting.
+  std::int64_t gdn_state_bytes_per_sequence() const noexcept;
+  std::int64_t kv_bytes_per_token() const noexcept;
+  std::int64_t kv_free_pages() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gdn

@@ -1,0 +1,139 @@
+// The gdn command-line tool.
+//
+//   gdn info MODEL_DIR                                   the parsed configuration and memory figures
+//   gdn logits MODEL_DIR --tokens 1,2,3 [--out F.npy]    logits of every prompt position
+//
+// `gdn logits` is a stable contract used by external checks: without --out it prints one line per
+// prompt position with vocab_size space-separated values; with --out it writes a float32 .npy of
+// shape [T, vocab_size].
+
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "gdn/gdn.hpp"
+#include "gdn/io/npy.hpp"
+
+namespace {
+
+int usage() {
+  std::fputs(
+      "usage:\n"
+      "  gdn info MODEL_DIR\n"
+      "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16]\n",
+      stderr);
+  return 2;
+}
+
+std::vector<gdn::Token> parse_tokens(std::string_view s) {
+  std::vector<gdn::Token> out;
+  while (!s.empty()) {
+    const auto comma = s.find(',');
+    const std::string_view part = s.substr(0, comma);
+    gdn::Token v = 0;
+    const auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (ec != std::errc() || p != part.data() + part.size())
+      throw gdn::Error(gdn::Status::invalid_argument, fmt::format("--tokens: '{}' is not an integer", part));
+    out.push_back(v);
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  if (out.empty()) throw gdn::Error(gdn::Status::invalid_argument, "--tokens: no token ids given");
+  return out;
+}
+
+int cmd_info(const std::string& dir) {
+  auto model = gdn::Model::load(dir);
+  const auto& c = model->config();
+  fmt::print("architecture      {}\n", c.architecture);
+  fmt::print("layers            {} ({} gated deltanet, {} full attention)\n", c.num_layers,
+             c.count_layers(gdn::LayerKind::linear_attention), c.count_layers(gdn::LayerKind::full_attention));
+  fmt::print("hidden / ffn      {} / {}\n", c.hidden_size, c.intermediate_size);
+  fmt::print("attention         {} q heads, {} kv heads, head_dim {}, rotary_dim {}, theta {}\n", c.num_attention_heads,
+             c.num_key_value_heads, c.head_dim, c.rotary_dim, c.rope_theta);
+  fmt::print("gated deltanet    {} key heads x {}, {} value heads x {}, conv kernel {}\n", c.linear_num_key_heads,
+             c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_kernel_dim);
+  fmt::print("vocab             {} ({})\n", c.vocab_size, c.tie_word_embeddings ? "tied lm_head" : "untied lm_head");
+  fmt::print("mtp head          {}\n", model->has_mtp() ? "yes" : "no");
+  gdn::ContextParams p;
+  p.max_sequences = 1;
+  p.max_context = 16;
+  gdn::Context ctx(model, p);
+  fmt::print("state / sequence  {} bytes GDN state, {} bytes KV per token\n", ctx.gdn_state_bytes_per_sequence(),
+             ctx.kv_bytes_per_token());
+  return 0;
+}
+
+int cmd_logits(const std::string& dir, int argc, char** argv) {
+  std::vector<gdn::Token> tokens;
+  std::string out;
+  gdn::ContextParams p;
+  p.max_sequences = 1;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--tokens" && has_value) tokens = parse_tokens(argv[++i]);
+    else if (a == "--out" && has_value) out = argv[++i];
+    else if (a == "--threads" && has_value) p.threads = std::atoi(argv[++i]);
+    else if (a == "--state-dtype" && has_value) {
+      const std::string_view v = argv[++i];
+      if (v == "f32") p.state_dtype = gdn::DType::f32;
+      else if (v == "bf16") p.state_dtype = gdn::DType::bf16;
+      else throw gdn::Error(gdn::Status::invalid_argument, fmt::format("--state-dtype: '{}' is not f32 or bf16", v));
+    } else {
+      return usage();
+    }
+  }
+  if (tokens.empty()) return usage();
+  auto model = gdn::Model::load(dir);
+  p.max_context = static_cast<int>(tokens.size());
+  p.max_logits_rows = static_cast<int>(tokens.size());
+  gdn::Context ctx(model, p);
+  const gdn::SeqId seq = ctx.create_sequence();
+  gdn::Batch batch;
+  batch.add(seq, tokens, gdn::LogitsFor::all);
+  ctx.step(batch);
+  const auto V = static_cast<std::size_t>(model->config().vocab_size);
+  if (!out.empty()) {
+    std::vector<float> all;
+    all.reserve(tokens.size() * V);
+    for (std::size_t t = 0; t < tokens.size(); ++t) {
+      const auto row = ctx.logits(static_cast<std::int64_t>(t));
+      all.insert(all.end(), row.begin(), row.end());
+    }
+    gdn::io::write_npy(out, all, {static_cast<std::int64_t>(tokens.size()), static_cast<std::int64_t>(V)});
+    fmt::print(stderr, "wrote {} x {} logits to {}\n", tokens.size(), V, out);
+    return 0;
+  }
+  std::string line;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    line.clear();
+    for (const float v : ctx.logits(static_cast<std::int64_t>(t))) fmt::format_to(std::back_inserter(line), "{}{:.6g}", line.empty() ? "" : " ", v);
+    line += '\n';
+    std::fwrite(line.data(), 1, line.size(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return usage();
+  const std::string_view cmd = argv[1];
+  try {
+    if (cmd == "info") return cmd_info(argv[2]);
+    if (cmd == "logits") return cmd_logits(argv[2], argc - 3, argv + 3);
+    return usage();
+  } catch (const gdn::Error& e) {
+    fmt::print(stderr, "gdn {}: error ({}): {}\n", cmd, gdn::status_name(e.status()), e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gdn {}: error: {}\n", cmd, e.what());
+    return 1;
+  }
+}
