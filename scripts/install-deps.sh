@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev pybind11-dev
-  libpcre2-dev libutf8proc-dev
+  libpcre2-dev libutf8proc-dev zlib1g-dev
 )
 
 missing=()

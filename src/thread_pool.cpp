@@ -43,8 +43,9 @@ void ThreadPool::run(std::int64_t n, std::int64_t grain, Call call, void* ctx) {
   }
   wake_.notify_all();
   drain(0);
-  // Wait for the workers: spin first, since most regions are short.
-  for (int spin = 0; spin < 20000; ++spin) {
+  // Wait for the workers: spin first, since most regions are short (but not long: when the
+  // machine is oversubscribed a spinning waiter steals the core a worker needs).
+  for (int spin = 0; spin < 2000; ++spin) {
     if (busy_.load(std::memory_order_acquire) == 0) return;
     _mm_pause();
   }
@@ -56,7 +57,7 @@ void ThreadPool::work(int thread_index) {
   std::uint64_t seen = 0;
   for (;;) {
     std::uint64_t g = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; g == seen && spin < 20000; ++spin) {
+    for (int spin = 0; g == seen && spin < 2000; ++spin) {
       _mm_pause();
       g = generation_.load(std::memory_order_acquire);
     }

@@ -23,6 +23,7 @@
 #include "gdn/layers/rms_norm.hpp"
 #include "gdn/model/config.hpp"
 #include "gdn/state/gdn_state.hpp"
+#include "gdn/state/gdn_step_log.hpp"
 
 namespace gdn::layers {
 
@@ -77,36 +78,78 @@ class GatedDeltaNetLayer {
   GatedDeltaNetLayer(const ModelConfig& c, const GatedDeltaNetWeights& w) : c_(c), w_(w) {}
 
   // xn: [rows, H] normed input. out: [rows, H] layer output (not yet added to the residual).
-  // chunk_min: segments of at least this many tokens take the chunked form.
+  // chunk_min: segments of at least this many tokens take the chunked form. With a log, segments
+  // marked `record` keep what rollback() needs (see gdn_step_log.hpp).
   void forward(cpu::Exec& ex, std::span<const cpu::Segment> segs, const float* xn, std::int64_t ldx, std::int64_t rows,
                float* out, std::int64_t ldo, GdnStatePool& pool, int gdn_index, const GdnBuffers& b,
-               std::int64_t chunk_min) const {
-    const int Hk = c_.linear_num_key_heads, Hv = c_.linear_num_value_heads;
-    const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
-    const std::int64_t Kd = c_.gdn_key_dim(), Vd = c_.gdn_value_dim(), C = c_.gdn_conv_dim();
-    const int r = Hv / Hk;
-    const int K = c_.linear_conv_kernel_dim;
-
+               std::int64_t chunk_min, GdnStepLog* log) const {
+    const std::int64_t C = c_.gdn_conv_dim(), Vd = c_.gdn_value_dim();
     project(ex, xn, ldx, rows, b);
+    if (log != nullptr) record_inputs(segs, pool, gdn_index, b, *log);
+    for (const auto& s : segs) conv(ex, s, pool.conv(s.slot, gdn_index), b.proj + s.row * b.ld_proj, b.ld_proj, b.conv_out);
+    normalize_and_gate(ex, rows, b);
+    if (log != nullptr) record_gates(segs, gdn_index, b, *log);
+    delta_rule(ex, segs, pool, gdn_index, b.conv_out, b.gates, b.ld_gates, b.core, chunk_min);
+    ex.pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) {
+      for (std::int64_t row = r0; row < r1; ++row) {
+        float* o = b.core + row * Vd;
+        const float* z = b.proj + row * b.ld_proj + C;
+        for (int h = 0; h < c_.linear_num_value_heads; ++h) {
+          const int dv = c_.linear_value_head_dim;
+          rms_norm_gated(o + h * dv, z + h * dv, w_.norm.data(), o + h * dv, dv, c_.rms_norm_eps);
+        }
+      }
+    });
+    ex.linear(w_.out_proj, b.core, Vd, rows, out, ldo);
+  }
 
-    // Conv, per segment, parallel over channel blocks.
-    for (const auto& s : segs) {
-      float* state = pool.conv(s.slot, gdn_index);
-      ex.pool.parallel_for(C, 64, [&](std::int64_t c0, std::int64_t c1, int) {
-        causal_conv1d_silu(w_.conv.data(), K, C, b.proj + s.row * b.ld_proj, b.ld_proj, s.n, state,
-                           b.conv_out + s.row * C, C, c0, c1);
-      });
-    }
+  // Puts slot's state back to where it stood after the first `keep` tokens of the logged step:
+  // start state restored, then the same conv and recurrence code a `keep`-token step would run.
+  // Uses b.conv_out and b.core as scratch.
+  void replay(cpu::Exec& ex, int slot, std::int64_t keep, GdnStatePool& pool, int gdn_index, GdnStepLog& log,
+              const GdnBuffers& b, std::int64_t chunk_min) const {
+    std::copy_n(log.start().conv(slot, gdn_index), pool.conv_floats(), pool.conv(slot, gdn_index));
+    std::copy_n(log.start().recurrent(slot, gdn_index), pool.recurrent_elements() * static_cast<std::int64_t>(sizeof(StateT)),
+                pool.recurrent(slot, gdn_index));
+    if (keep == 0) return;
+    const cpu::Segment seg{slot, 0, keep, 0, false};
+    const std::int64_t C = c_.gdn_conv_dim();
+    conv(ex, seg, pool.conv(slot, gdn_index), log.raw(slot, gdn_index), C, b.conv_out);
+    normalize_qk(ex, keep, b.conv_out);
+    delta_rule(ex, std::span(&seg, 1), pool, gdn_index, b.conv_out, log.gates(slot, gdn_index), log.max_tokens(), b.core,
+               chunk_min);
+  }
 
-    // q, k normalisation per (row, key head); gates per (row, value head).
+ private:
+  void conv(cpu::Exec& ex, const cpu::Segment& s, float* state, const float* raw, std::int64_t ld_raw, float* conv_out) const {
+    const std::int64_t C = c_.gdn_conv_dim();
+    ex.pool.parallel_for(C, 64, [&](std::int64_t c0, std::int64_t c1, int) {
+      causal_conv1d_silu(w_.conv.data(), c_.linear_conv_kernel_dim, C, raw, ld_raw, s.n, state, conv_out + s.row * C, C, c0, c1);
+    });
+  }
+
+  void normalize_qk(cpu::Exec& ex, std::int64_t rows, float* conv_out) const {
+    const int Hk = c_.linear_num_key_heads, dk = c_.linear_key_head_dim;
+    const std::int64_t Kd = c_.gdn_key_dim(), C = c_.gdn_conv_dim();
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
     ex.pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) {
       for (std::int64_t row = r0; row < r1; ++row) {
-        float* qkv = b.conv_out + row * C;
+        float* qkv = conv_out + row * C;
         for (int h = 0; h < Hk; ++h) {
           l2_normalize(qkv + h * dk, dk, q_scale);
           l2_normalize(qkv + Kd + h * dk, dk, 1.0f);
         }
+      }
+    });
+  }
+
+  // q, k normalisation per (row, key head); gates per (row, value head).
+  void normalize_and_gate(cpu::Exec& ex, std::int64_t rows, const GdnBuffers& b) const {
+    const int Hv = c_.linear_num_value_heads;
+    const std::int64_t C = c_.gdn_conv_dim(), Vd = c_.gdn_value_dim();
+    normalize_qk(ex, rows, b.conv_out);
+    ex.pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) {
+      for (std::int64_t row = r0; row < r1; ++row) {
         const float* braw = b.proj + row * b.ld_proj + C + Vd;
         const float* araw = braw + Hv;
         for (int h = 0; h < Hv; ++h) {
@@ -116,8 +159,16 @@ class GatedDeltaNetLayer {
         }
       }
     });
+  }
 
-    // The delta rule, per (segment, value head).
+  // The delta rule per (segment, value head); gates[h * ld_gates + row] holds g, then β at Hv + h.
+  void delta_rule(cpu::Exec& ex, std::span<const cpu::Segment> segs, GdnStatePool& pool, int gdn_index,
+                  const float* conv_out, const float* gates, std::int64_t ld_gates, float* core,
+                  std::int64_t chunk_min) const {
+    const int Hk = c_.linear_num_key_heads, Hv = c_.linear_num_value_heads;
+    const int dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
+    const std::int64_t Kd = c_.gdn_key_dim(), Vd = c_.gdn_value_dim(), C = c_.gdn_conv_dim();
+    const int r = Hv / Hk;
     const std::int64_t tasks = static_cast<std::int64_t>(segs.size()) * Hv;
     ex.pool.parallel_for(tasks, 1, [&](std::int64_t t0, std::int64_t t1, int thread) {
       auto& scratch = ex.threads[static_cast<std::size_t>(thread)];
@@ -126,36 +177,46 @@ class GatedDeltaNetLayer {
         const int h = static_cast<int>(t % Hv);
         const int kh = h / r;
         DeltaRuleInput in;
-        in.q = b.conv_out + s.row * C + kh * dk;
-        in.k = b.conv_out + s.row * C + Kd + kh * dk;
-        in.v = b.conv_out + s.row * C + 2 * Kd + h * dv;
+        in.q = conv_out + s.row * C + kh * dk;
+        in.k = conv_out + s.row * C + Kd + kh * dk;
+        in.v = conv_out + s.row * C + 2 * Kd + h * dv;
         in.q_stride = in.k_stride = in.v_stride = C;
-        in.g = b.gates + h * b.ld_gates + s.row;
-        in.beta = b.gates + (Hv + h) * b.ld_gates + s.row;
+        in.g = gates + h * ld_gates + s.row;
+        in.beta = gates + (Hv + h) * ld_gates + s.row;
         in.dk = dk;
         in.dv = dv;
         StateT* stored = reinterpret_cast<StateT*>(pool.recurrent(s.slot, gdn_index)) + static_cast<std::int64_t>(h) * dk * dv;
         float* S = widen_state(stored, scratch, dk * dv);
-        float* o = b.core + s.row * Vd + h * dv;
+        float* o = core + s.row * Vd + h * dv;
         if (s.n >= chunk_min) delta_rule_chunked(in, s.n, S, o, Vd, scratch.delta);
         else delta_rule_recurrent(in, s.n, S, o, Vd);
         store_state(S, stored, dk * dv);
       }
     });
-
-    // Gated RMSNorm per (row, value head), then the output projection.
-    ex.pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) {
-      for (std::int64_t row = r0; row < r1; ++row) {
-        float* o = b.core + row * Vd;
-        const float* z = b.proj + row * b.ld_proj + C;
-        for (int h = 0; h < Hv; ++h)
-          rms_norm_gated(o + h * dv, z + h * dv, w_.norm.data(), o + h * dv, dv, c_.rms_norm_eps);
-      }
-    });
-    ex.linear(w_.out_proj, b.core, Vd, rows, out, ldo);
   }
 
- private:
+  void record_inputs(std::span<const cpu::Segment> segs, GdnStatePool& pool, int gdn_index, const GdnBuffers& b,
+                     GdnStepLog& log) const {
+    const std::int64_t C = c_.gdn_conv_dim();
+    for (const auto& s : segs) {
+      if (!s.record) continue;
+      std::copy_n(pool.conv(s.slot, gdn_index), pool.conv_floats(), log.start().conv(s.slot, gdn_index));
+      std::copy_n(pool.recurrent(s.slot, gdn_index), pool.recurrent_elements() * static_cast<std::int64_t>(sizeof(StateT)),
+                  log.start().recurrent(s.slot, gdn_index));
+      float* raw = log.raw(s.slot, gdn_index);
+      for (std::int64_t t = 0; t < s.n; ++t) std::copy_n(b.proj + (s.row + t) * b.ld_proj, C, raw + t * C);
+    }
+  }
+
+  void record_gates(std::span<const cpu::Segment> segs, int gdn_index, const GdnBuffers& b, GdnStepLog& log) const {
+    const int Hv = c_.linear_num_value_heads;
+    for (const auto& s : segs) {
+      if (!s.record) continue;
+      float* g = log.gates(s.slot, gdn_index);
+      for (int h = 0; h < 2 * Hv; ++h) std::copy_n(b.gates + h * b.ld_gates + s.row, s.n, g + h * log.max_tokens());
+    }
+  }
+
   void project(cpu::Exec& ex, const float* xn, std::int64_t ldx, std::int64_t rows, const GdnBuffers& b) const {
     const std::int64_t C = c_.gdn_conv_dim(), Vd = c_.gdn_value_dim();
     const int Hv = c_.linear_num_value_heads;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "gdn/core/dtype.hpp"
 #include "gdn/model/model.hpp"
@@ -26,8 +27,13 @@ struct ContextParams {
   std::optional<DType> state_dtype;  // recurrent state dtype; default: the config's mamba_ssm_dtype (float32)
   int threads = 0;               // 0: one per hardware thread
   int gdn_chunk_min_tokens = 16; // a sequence advancing by at least this many tokens takes chunked GDN
+  int max_rollback_tokens = 0;   // > 0: a step of up to this many tokens per sequence can be partly
+                                 // undone with rollback(); costs one GDN state copy per slot
   Backend backend = Backend::cpu;
 };
+
+// A saved sequence state held by the context (see Context::snapshot). Same handle scheme as SeqId.
+using SnapshotId = std::uint64_t;
 
 class Context {
  public:
@@ -66,7 +72,39 @@ class Context {
   // when the model has no MTP head.
   void step_mtp(const Batch& batch, std::span<const float> hidden);
 
+  // Exact state control.
+  //
+  // snapshot() copies the sequence's GDN conv and recurrent states (a fixed size, independent of
+  // length) and shares its KV pages by reference count; a later write into a shared page copies
+  // that page first (copy-on-write), so neither side ever sees the other's tokens. Snapshots are
+  // taken at any token position, independent of the KV page size.
+  SnapshotId snapshot(SeqId seq);
+  void free_snapshot(SnapshotId snap);
+  // Puts `seq` exactly where the snapshot was taken (its own previous state is dropped).
+  void restore(SeqId seq, SnapshotId snap);
+  // A new sequence starting from the snapshot (prefix reuse).
+  SeqId create_sequence_from(SnapshotId snap);
+  // A new sequence identical to `seq` now (GDN state copied, KV shared copy-on-write).
+  SeqId fork_sequence(SeqId seq);
+
+  // Keeps only the first `keep` tokens (0 <= keep <= n) of the n tokens the last step gave `seq`:
+  // afterwards the sequence is bit-identical to one that only ever saw those tokens. Needs
+  // max_rollback_tokens >= n; the log is kept only for the sequence's most recent step.
+  void rollback(SeqId seq, std::int64_t keep);
+  // Tokens of the last step that rollback() can still undo (0 when it cannot).
+  std::int64_t rollbackable_tokens(SeqId seq) const;
+  // The MTP layer keeps only KV (no recurrent state), so truncating it is exact.
+  void truncate_mtp(SeqId seq, std::int64_t mtp_length);
+
+  // Writes the sequence's full state (GDN states, KV of every position, lengths) to `path`:
+  // versioned, checksummed, tied to this model's shapes, written atomically (temp file + rename).
+  void save_sequence(SeqId seq, const std::string& path) const;
+  // Restores a saved state into a new sequence; bit-identical continuation.
+  SeqId load_sequence(const std::string& path);
+
   // Memory accounting.
+  std::int64_t snapshot_bytes() const noexcept;       // GDN state copied by snapshot()/fork
+  std::int64_t rollback_bytes_per_sequence() const noexcept;
   std::int64_t gdn_state_bytes_per_sequence() const noexcept;
   std::int64_t kv_bytes_per_token() const noexcept;
   std::int64_t kv_free_pages() const noexcept;

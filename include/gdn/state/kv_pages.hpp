@@ -6,6 +6,7 @@
 // so that forks can share the pages of a common prefix. All memory is allocated up front; running
 // out of pages is an error the host can act on, never an abort.
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -26,6 +27,11 @@ class KvPagePool {
   void retain(std::int32_t page) { ++refcount_[static_cast<std::size_t>(page)]; }
   void release(std::int32_t page);
   int refcount(std::int32_t page) const { return refcount_[static_cast<std::size_t>(page)]; }
+  // Copies every layer's keys and values of page `from` into page `to` (copy-on-write).
+  void copy_page(std::int32_t from, std::int32_t to) noexcept {
+    std::copy_n(data_.data() + static_cast<std::int64_t>(from) * page_floats_, page_floats_,
+                data_.data() + static_cast<std::int64_t>(to) * page_floats_);
+  }
 
   // [page_size][head_dim] block of keys (values) of one layer and kv head.
   float* keys(std::int32_t page, int layer, int kv_head) noexcept { return block(page, layer, 0, kv_head); }

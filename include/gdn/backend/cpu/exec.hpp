@@ -19,6 +19,7 @@ struct Segment {
   std::int64_t row = 0;     // first row in the ubatch
   std::int64_t n = 0;       // rows (tokens)
   std::int64_t pos = 0;     // position of the first row
+  bool record = false;      // keep what an exact rollback of this step needs (GdnStepLog)
 };
 
 struct ThreadScratch {
