@@ -84,10 +84,20 @@ Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params)
 
 void Context::Impl::ensure_output_rows(std::int64_t rows) {
   const auto need = static_cast<std::size_t>(rows);
-  if (logits_buf.size() < need * static_cast<std::size_t>(c.vocab_size)) {
+  if (row_has_logits.size() < need) {
     logits_buf.resize(need * static_cast<std::size_t>(c.vocab_size));
     hidden_buf.resize(need * static_cast<std::size_t>(c.hidden_size));
+    row_has_logits.resize(need);
   }
+}
+
+void Context::Impl::set_output_flags(const Batch& batch) {
+  output_rows = batch.output_rows();
+  for (std::size_t e = 0; e < batch.entries().size(); ++e)
+    for (std::int64_t i = 0; i < batch.entries()[e].token_count; ++i) {
+      const std::int64_t r = batch.output_row(e, i);
+      if (r >= 0) row_has_logits[static_cast<std::size_t>(r)] = batch.wants_logits(e, i);
+    }
 }
 
 Context::Impl::Slot& Context::Impl::slot_for(SeqId id, const char* what) {
@@ -242,11 +252,15 @@ void Context::Impl::emit_outputs(const std::vector<float>& final_scale) {
       layers::rms_norm(x.data() + o.ubatch_row * H, final_scale.data(), hidden_buf.data() + o.out_row * H, H, c.rms_norm_eps);
     }
   });
-  // Contiguous runs of output rows go through lm_head together.
+  // Contiguous runs of rows that want logits go through lm_head together.
   std::size_t i = 0;
   while (i < outputs.size()) {
+    if (!outputs[i].logits) {
+      ++i;
+      continue;
+    }
     std::size_t j = i + 1;
-    while (j < outputs.size() && outputs[j].out_row == outputs[j - 1].out_row + 1) ++j;
+    while (j < outputs.size() && outputs[j].logits && outputs[j].out_row == outputs[j - 1].out_row + 1) ++j;
     const std::int64_t r0 = outputs[i].out_row;
     ex.linear(w.lm_head, hidden_buf.data() + r0 * H, H, static_cast<std::int64_t>(j - i), logits_buf.data() + r0 * V, V);
     i = j;
@@ -277,8 +291,8 @@ void Context::Impl::for_each_ubatch(const Batch& batch, bool mtp, Fill&& fill, R
       segs.push_back(cpu::Segment{s, rows, m, (mtp ? sl.mtp_length : sl.length) + i, record});
       for (std::int64_t t = 0; t < m; ++t) {
         fill(en, i + t, rows + t);
-        const std::int64_t out = batch.logits_row(e, i + t);
-        if (out >= 0) outputs.push_back(OutputRow{rows + t, out});
+        const std::int64_t out = batch.output_row(e, i + t);
+        if (out >= 0) outputs.push_back(OutputRow{rows + t, out, batch.wants_logits(e, i + t)});
       }
       rows += m;
       i += m;
@@ -293,7 +307,7 @@ void Context::Impl::for_each_ubatch(const Batch& batch, bool mtp, Fill&& fill, R
 
 void Context::Impl::step(const Batch& batch) {
   validate(batch, false);
-  ensure_output_rows(batch.logits_rows());
+  ensure_output_rows(batch.output_rows());
   for (const auto& en : batch.entries()) {
     const int s = handle_index(en.seq);
     const auto& sl = slots[static_cast<std::size_t>(s)];
@@ -317,7 +331,7 @@ void Context::Impl::step(const Batch& batch) {
     sl.log_tokens = logged ? en.token_count : 0;
     sl.length += en.token_count;
   }
-  logits_rows = batch.logits_rows();
+  set_output_flags(batch);
 }
 
 void Context::Impl::step_mtp(const Batch& batch, std::span<const float> hidden) {
@@ -327,7 +341,7 @@ void Context::Impl::step_mtp(const Batch& batch, std::span<const float> hidden) 
     throw Error(Status::invalid_argument, fmt::format("step_mtp: {} hidden values given for {} tokens of width {}",
                                                       hidden.size(), batch.token_count(), H));
   validate(batch, true);
-  ensure_output_rows(batch.logits_rows());
+  ensure_output_rows(batch.output_rows());
   for (const auto& en : batch.entries()) {
     const int s = handle_index(en.seq);
     const auto& sl = slots[static_cast<std::size_t>(s)];
@@ -353,7 +367,7 @@ void Context::Impl::step_mtp(const Batch& batch, std::span<const float> hidden) 
         emit_outputs(m.norm_scale);
       });
   for (const auto& en : batch.entries()) slots[static_cast<std::size_t>(handle_index(en.seq))].mtp_length += en.token_count;
-  logits_rows = batch.logits_rows();
+  set_output_flags(batch);
 }
 
 void Context::Impl::rollback(SeqId seq, std::int64_t keep) {
@@ -440,18 +454,20 @@ std::int64_t Context::rollbackable_tokens(SeqId seq) const {
   return sl.length == sl.log_start + sl.log_tokens ? sl.log_tokens : 0;
 }
 
-std::int64_t Context::logits_rows() const noexcept { return impl_->logits_rows; }
+std::int64_t Context::output_rows() const noexcept { return impl_->output_rows; }
 
 std::span<const float> Context::logits(std::int64_t row) const {
-  if (row < 0 || row >= impl_->logits_rows)
-    throw Error(Status::invalid_argument, fmt::format("logits: row {} is outside the last step's {} rows", row, impl_->logits_rows));
+  if (row < 0 || row >= impl_->output_rows)
+    throw Error(Status::invalid_argument, fmt::format("logits: row {} is outside the last step's {} rows", row, impl_->output_rows));
+  if (!impl_->row_has_logits[static_cast<std::size_t>(row)])
+    throw Error(Status::invalid_argument, fmt::format("logits: row {} carries only a hidden state (no logits were asked for)", row));
   const auto V = static_cast<std::size_t>(impl_->c.vocab_size);
   return {impl_->logits_buf.data() + static_cast<std::size_t>(row) * V, V};
 }
 
 std::span<const float> Context::hidden(std::int64_t row) const {
-  if (row < 0 || row >= impl_->logits_rows)
-    throw Error(Status::invalid_argument, fmt::format("hidden: row {} is outside the last step's {} rows", row, impl_->logits_rows));
+  if (row < 0 || row >= impl_->output_rows)
+    throw Error(Status::invalid_argument, fmt::format("hidden: row {} is outside the last step's {} rows", row, impl_->output_rows));
   const auto H = static_cast<std::size_t>(impl_->c.hidden_size);
   return {impl_->hidden_buf.data() + static_cast<std::size_t>(row) * H, H};
 }

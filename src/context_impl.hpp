@@ -49,6 +49,7 @@ struct Context::Impl {
   struct OutputRow {
     std::int64_t ubatch_row;
     std::int64_t out_row;
+    bool logits;  // else only the hidden state
   };
 
   Impl(std::shared_ptr<const Model> m, const ContextParams& params);
@@ -71,6 +72,7 @@ struct Context::Impl {
 
   // --- steps
   void ensure_output_rows(std::int64_t rows);
+  void set_output_flags(const Batch& batch);
   void validate(const Batch& batch, bool mtp);
   void step(const Batch& batch);
   void step_mtp(const Batch& batch, std::span<const float> hidden);
@@ -112,7 +114,8 @@ struct Context::Impl {
   std::vector<cpu::Segment> segs;
   std::vector<OutputRow> outputs;
   std::vector<float> logits_buf, hidden_buf;
-  std::int64_t logits_rows = 0;
+  std::vector<bool> row_has_logits;
+  std::int64_t output_rows = 0;
 };
 
 }  // namespace gdn

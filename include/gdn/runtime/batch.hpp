@@ -21,28 +21,31 @@ class Batch {
  public:
   struct Entry {
     SeqId seq;
-    std::int64_t token_begin;  // into tokens()
+    std::int64_t token_begin;   // into tokens()
     std::int64_t token_count;
-    std::int64_t logits_begin;  // first row of this entry's logits in the step's output
+    std::int64_t output_begin;  // first output row of this entry in the step's results
     LogitsFor logits;
+    bool hidden_all;            // an output row (final hidden state) for every token
   };
 
   void clear() noexcept {
     entries_.clear();
     tokens_.clear();
-    logits_rows_ = 0;
+    output_rows_ = 0;
   }
   void reserve(std::size_t entries, std::size_t tokens) {
     entries_.reserve(entries);
     tokens_.reserve(tokens);
   }
 
-  // Appends `tokens` for `seq`. Returns the index of the entry. Each sequence may appear once.
-  std::size_t add(SeqId seq, std::span<const Token> tokens, LogitsFor logits = LogitsFor::last) {
-    Entry e{seq, static_cast<std::int64_t>(tokens_.size()), static_cast<std::int64_t>(tokens.size()), logits_rows_, logits};
+  // Appends `tokens` for `seq`; `logits` chooses which positions get logits. With hidden_all,
+  // every position gets an output row carrying its final hidden state (what the MTP head reads),
+  // while logits are still computed only where `logits` asks. Each sequence may appear once.
+  std::size_t add(SeqId seq, std::span<const Token> tokens, LogitsFor logits = LogitsFor::last, bool hidden_all = false) {
+    const auto n = static_cast<std::int64_t>(tokens.size());
+    Entry e{seq, static_cast<std::int64_t>(tokens_.size()), n, output_rows_, logits, hidden_all};
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
-    logits_rows_ += logits == LogitsFor::none ? 0 : (logits == LogitsFor::last ? (tokens.empty() ? 0 : 1)
-                                                                              : static_cast<std::int64_t>(tokens.size()));
+    output_rows_ += hidden_all || logits == LogitsFor::all ? n : (logits == LogitsFor::last && n > 0 ? 1 : 0);
     entries_.push_back(e);
     return entries_.size() - 1;
   }
@@ -53,19 +56,26 @@ class Batch {
   std::span<const Entry> entries() const noexcept { return entries_; }
   std::span<const Token> tokens() const noexcept { return tokens_; }
   std::int64_t token_count() const noexcept { return static_cast<std::int64_t>(tokens_.size()); }
-  std::int64_t logits_rows() const noexcept { return logits_rows_; }
+  std::int64_t output_rows() const noexcept { return output_rows_; }
   // The output row of entry e's token i (i counts within the entry), or -1 when it has none.
-  std::int64_t logits_row(std::size_t e, std::int64_t i) const noexcept {
+  std::int64_t output_row(std::size_t e, std::int64_t i) const noexcept {
     const Entry& en = entries_[e];
-    if (en.logits == LogitsFor::all) return en.logits_begin + i;
-    if (en.logits == LogitsFor::last && i == en.token_count - 1) return en.logits_begin;
+    if (en.hidden_all || en.logits == LogitsFor::all) return en.output_begin + i;
+    if (en.logits == LogitsFor::last && i == en.token_count - 1) return en.output_begin;
     return -1;
   }
+  // Whether that row carries logits.
+  bool wants_logits(std::size_t e, std::int64_t i) const noexcept {
+    const Entry& en = entries_[e];
+    return en.logits == LogitsFor::all || (en.logits == LogitsFor::last && i == en.token_count - 1);
+  }
+  // The row holding the logits of entry e's last token (-1 when it has none).
+  std::int64_t last_row(std::size_t e) const noexcept { return output_row(e, entries_[e].token_count - 1); }
 
  private:
   std::vector<Entry> entries_;
   std::vector<Token> tokens_;
-  std::int64_t logits_rows_ = 0;
+  std::int64_t output_rows_ = 0;
 };
 
 }  // namespace gdn

@@ -59,9 +59,9 @@ class Context {
   // token range, context length, KV capacity); on error nothing has changed. Throws gdn::Error.
   void step(const Batch& batch);
 
-  // Outputs of the last step: logits row r (see Batch::logits_row) and the final hidden state
-  // after the last norm (what lm_head and the MTP head read). Valid until the next step.
-  std::int64_t logits_rows() const noexcept;
+  // Outputs of the last step, by output row (see Batch::output_row): logits, and the final hidden
+  // state after the last norm (what lm_head and the MTP head read). Valid until the next step.
+  std::int64_t output_rows() const noexcept;
   std::span<const float> logits(std::int64_t row) const;
   std::span<const float> hidden(std::int64_t row) const;
 
