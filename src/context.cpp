@@ -230,7 +230,10 @@ void Context::Impl::forward_layers(std::int64_t rows) {
     norm_rows(x.data(), lw.input_norm_scale, xn.data(), rows);
     if (lw.kind == LayerKind::linear_attention) {
       layers::GdnBuffers gb{proj.data(), ld_proj, fused.data(), ld_fused, aux.data(), gates.data(), U, core.data()};
-      layers::GatedDeltaNetLayer<StateT>(c, lw.gdn).forward(ex, segs, xn.data(), H, rows, mix.data(), H, gdn_state,
+      const int g = gdn_index[static_cast<std::size_t>(l)];
+      if (p.faults.drop_conv_state)
+        for (const auto& sg : segs) std::fill_n(gdn_state.conv(sg.slot, g), gdn_state.conv_floats(), 0.0f);
+      layers::GatedDeltaNetLayer<StateT>(c, lw.gdn, p.faults.tiled_value_heads).forward(ex, segs, xn.data(), H, rows, mix.data(), H, gdn_state,
                                                             gdn_index[static_cast<std::size_t>(l)], gb,
                                                             p.gdn_chunk_min_tokens, log);
       add_rows(x.data(), mix.data(), rows);
@@ -389,9 +392,9 @@ void Context::Impl::rollback(SeqId seq, std::int64_t keep) {
       if (g < 0) continue;
       const auto& lw = w.layers[static_cast<std::size_t>(l)];
       if (gdn_state.state_dtype() == DType::bf16)
-        layers::GatedDeltaNetLayer<bf16>(c, lw.gdn).replay(ex, s, keep, gdn_state, g, step_log, gb, p.gdn_chunk_min_tokens);
+        layers::GatedDeltaNetLayer<bf16>(c, lw.gdn, p.faults.tiled_value_heads).replay(ex, s, keep, gdn_state, g, step_log, gb, p.gdn_chunk_min_tokens);
       else
-        layers::GatedDeltaNetLayer<float>(c, lw.gdn).replay(ex, s, keep, gdn_state, g, step_log, gb, p.gdn_chunk_min_tokens);
+        layers::GatedDeltaNetLayer<float>(c, lw.gdn, p.faults.tiled_value_heads).replay(ex, s, keep, gdn_state, g, step_log, gb, p.gdn_chunk_min_tokens);
     }
     // Attention KV beyond the kept positions is simply overwritten later.
     sl.length = sl.log_start + keep;

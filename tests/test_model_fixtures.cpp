@@ -287,3 +287,33 @@ TEST_CASE("bf16 recurrent state: drift from float32 is measured and reported", "
   CHECK(d > 0.0f);  // bf16 really is a different (lossy) path
   CHECK(b.gdn_state_bytes_per_sequence() < a.gdn_state_bytes_per_sequence());
 }
+
+TEST_CASE("the fixture comparison catches the classic GDN bugs (deliberate faults)", "[fixtures][faults]") {
+  // Each known failure mode, injected on purpose, must move logits far outside the tolerance: the
+  // golden tests above would catch it.
+  auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));
+  test::Reference ref("qwen35_cond_mtp");
+  const auto tokens = ref.tokens("prompt5.tokens");
+  const auto expect = ref.floats("prompt5.logits");
+  const auto V = static_cast<std::size_t>(model->config().vocab_size);
+  const auto decode_diff = [&](const ContextParams& p) {
+    Context ctx(model, p);
+    const auto got = test::decode_logits(ctx, tokens);
+    return max_abs_diff(got.data(), expect.data(), got.size());
+  };
+  ContextParams base = small_params(1);
+  ContextParams drop = base, tiled = base, bf16_state = base;
+  drop.faults.drop_conv_state = true;
+  tiled.faults.tiled_value_heads = true;
+  bf16_state.state_dtype = DType::bf16;
+  const float d_ok = decode_diff(base), d_drop = decode_diff(drop), d_tiled = decode_diff(tiled),
+              d_bf16 = decode_diff(bf16_state);
+  WARN(fmt::format("200-token decode vs transformers: correct {:.2g}; conv state dropped each step {:.2g}; "
+                   "value heads tiled {:.2g}; bf16 recurrent state {:.2g}",
+                   d_ok, d_drop, d_tiled, d_bf16));
+  CHECK(d_ok <= logit_tolerance);
+  CHECK(d_drop > 100 * logit_tolerance);
+  CHECK(d_tiled > 100 * logit_tolerance);
+  CHECK(d_bf16 > 10 * logit_tolerance);
+  (void)V;
+}

@@ -75,7 +75,10 @@ inline void l2_normalize(float* x, int n, float scale) {
 template <typename StateT>
 class GatedDeltaNetLayer {
  public:
-  GatedDeltaNetLayer(const ModelConfig& c, const GatedDeltaNetWeights& w) : c_(c), w_(w) {}
+  // tiled_value_heads: pair value head h with key head h % Hk instead of h / (Hv/Hk) — only for
+  // proving that checks catch the GGUF-order mix-up.
+  GatedDeltaNetLayer(const ModelConfig& c, const GatedDeltaNetWeights& w, bool tiled_value_heads = false)
+      : c_(c), w_(w), tiled_(tiled_value_heads) {}
 
   // xn: [rows, H] normed input. out: [rows, H] layer output (not yet added to the residual).
   // chunk_min: segments of at least this many tokens take the chunked form. With a log, segments
@@ -175,7 +178,7 @@ class GatedDeltaNetLayer {
       for (std::int64_t t = t0; t < t1; ++t) {
         const auto& s = segs[static_cast<std::size_t>(t / Hv)];
         const int h = static_cast<int>(t % Hv);
-        const int kh = h / r;
+        const int kh = tiled_ ? h % Hk : h / r;
         DeltaRuleInput in;
         in.q = conv_out + s.row * C + kh * dk;
         in.k = conv_out + s.row * C + Kd + kh * dk;
@@ -271,6 +274,7 @@ class GatedDeltaNetLayer {
 
   const ModelConfig& c_;
   const GatedDeltaNetWeights& w_;
+  bool tiled_ = false;
 };
 
 }  // namespace gdn::layers

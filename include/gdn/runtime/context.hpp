@@ -17,6 +17,13 @@
 
 namespace gdn {
 
+// Deliberate faults, for self-checks (gdn doctor) and tests that prove a check catches the bug it
+// is for. Never set them for real use.
+struct FaultInjection {
+  bool drop_conv_state = false;    // zero every GDN conv state at the start of each step (a known server bug)
+  bool tiled_value_heads = false;  // pair value head h with key head h % Hk (GGUF order) instead of h / (Hv/Hk)
+};
+
 struct ContextParams {
   int max_sequences = 4;         // sequence slots
   int max_context = 4096;        // positions per sequence
@@ -30,6 +37,7 @@ struct ContextParams {
   int max_rollback_tokens = 0;   // > 0: a step of up to this many tokens per sequence can be partly
                                  // undone with rollback(); costs one GDN state copy per slot
   Backend backend = Backend::cpu;
+  FaultInjection faults;
 };
 
 // A saved sequence state held by the context (see Context::snapshot). Same handle scheme as SeqId.
