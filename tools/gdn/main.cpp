@@ -2,6 +2,8 @@
 //
 //   gdn info MODEL_DIR                                   the parsed configuration and memory figures
 //   gdn logits MODEL_DIR --tokens 1,2,3 [--out F.npy]    logits of every prompt position
+//   gdn generate MODEL_DIR --prompt TEXT [...]           streamed text (generate.cpp)
+//   gdn speculate MODEL_DIR [...]                        MTP speculative decoding figures (speculate.cpp)
 //
 // `gdn logits` is a stable contract used by external checks: without --out it prints one line per
 // prompt position with vocab_size space-separated values; with --out it writes a float32 .npy of
@@ -18,6 +20,7 @@
 
 #include "gdn/gdn.hpp"
 #include "gdn/io/npy.hpp"
+#include "commands.hpp"
 
 namespace {
 
@@ -25,7 +28,9 @@ int usage() {
   std::fputs(
       "usage:\n"
       "  gdn info MODEL_DIR\n"
-      "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16]\n",
+      "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16]\n"
+      "  gdn generate MODEL_DIR --prompt TEXT [--chat] [--temp T] [--top-p P] [--seed S] [--max-tokens N] [--mtp K]\n"
+      "  gdn speculate MODEL_DIR [--prompts FILE] [--k K]...   MTP acceptance and speedup vs plain decoding\n",
       stderr);
   return 2;
 }
@@ -128,6 +133,8 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "info") return cmd_info(argv[2]);
     if (cmd == "logits") return cmd_logits(argv[2], argc - 3, argv + 3);
+    if (cmd == "generate") return gdn::cli::generate(argc - 2, argv + 2);
+    if (cmd == "speculate") return gdn::cli::speculate(argc - 2, argv + 2);
     return usage();
   } catch (const gdn::Error& e) {
     fmt::print(stderr, "gdn {}: error ({}): {}\n", cmd, gdn::status_name(e.status()), e.what());

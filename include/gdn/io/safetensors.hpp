@@ -4,6 +4,7 @@
 // Everything in the header is untrusted: parse_safetensors_header() checks every field, every
 // size computation for overflow, every range against the file, and that no two tensors overlap,
 // before any view into the data is handed out.
+// Thread safety: a SafetensorsFile or Checkpoint is immutable once constructed; any thread may read it.
 
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +47,7 @@ class SafetensorsFile {
 
   const SafetensorsHeader& header() const noexcept { return header_; }
   const std::string& path() const noexcept { return file_.path(); }
+  std::span<const std::byte> bytes() const noexcept { return file_.bytes(); }
   // nullptr when absent.
   const SafetensorsEntry* find(std::string_view name) const;
   TensorView view(const SafetensorsEntry& e) const;
@@ -70,6 +72,8 @@ class Checkpoint {
   TensorView find(std::string_view name) const;
   std::vector<std::string> names() const;
   std::size_t shard_count() const noexcept { return shards_.size(); }
+  // The bytes of shard i (header and data), as mapped.
+  std::span<const std::byte> shard_bytes(std::size_t i) const noexcept { return shards_[i]->bytes(); }
 
  private:
   std::string dir_;

@@ -2,6 +2,8 @@
 // An immutable model: configuration plus weights, the weights used in place from the mapped
 // checkpoint. A Model is safe to share between threads; all mutable state lives in Contexts.
 
+#include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,6 +34,10 @@ class Model {
   const ModelWeights& weights() const noexcept { return weights_; }
   bool has_mtp() const noexcept { return weights_.mtp.has_value(); }
   const std::string& dir() const noexcept { return dir_; }
+
+  // Reads the mapped checkpoint through once, so the first steps do not pay for page faults on a
+  // large model; progress(done_bytes, total_bytes) is called as it goes. Optional.
+  void prefetch(const std::function<void(std::size_t, std::size_t)>& progress = {}) const;
 
  private:
   Model() = default;
