@@ -9,6 +9,11 @@ packages=(
   libpcre2-dev libutf8proc-dev zlib1g-dev
 )
 
+# The Python tests build the module with the python3 on PATH: it needs venv and its C headers.
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then packages+=(python3-venv); fi
+if ! python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
+    >/dev/null 2>&1; then packages+=(python3-dev); fi
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -20,4 +25,14 @@ if ((${#missing[@]})); then
   echo "install-deps: installing ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python packages for the module's build and the Python tests, from PyPI, in the project's own
+# virtual environment .venv (tests/interfaces.cmake uses its interpreter; GDN_PYTHON overrides).
+cd "$(dirname "$0")/.."
+python_packages=("numpy>=1.21" "pytest>=7" "scikit-build-core>=0.10" "pybind11>=2.10")
+if ! .venv/bin/python -c 'import numpy, pytest, scikit_build_core, pybind11' >/dev/null 2>&1; then
+  echo "install-deps: setting up .venv with ${python_packages[*]}"
+  python3 -m venv .venv
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "${python_packages[@]}"
 fi

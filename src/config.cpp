@@ -16,6 +16,16 @@ namespace {
 
 using nlohmann::json;
 
+// A value for an error message: scalars as written (long strings cut short), containers by type
+// only. Never dump() an untrusted container: dump() recurses, and a deeply nested value (a few MB of
+// '[') would overflow the stack while the error is being reported.
+std::string describe(const json& v) {
+  if (v.is_structured()) return std::string("an ") + v.type_name();
+  std::string s = v.dump();
+  if (s.size() > 64) s = s.substr(0, 61) + "...";
+  return s;
+}
+
 // Field access with messages that name the field and what was wrong with it.
 class Fields {
  public:
@@ -37,6 +47,13 @@ class Fields {
   std::int64_t integer_or(const char* key, std::int64_t fallback) const {
     return has(key) ? integer_value(key, obj_[key]) : fallback;
   }
+  // An optional field stored as int: a value past int's range is refused, not truncated.
+  int int_or(const char* key, int fallback) const {
+    const auto v = integer_or(key, fallback);
+    if (v < -(std::int64_t{1} << 31) || v >= (std::int64_t{1} << 31))
+      fail(Status::invalid_file, key, fmt::format("is {}, outside the range of a 32-bit integer", v));
+    return static_cast<int>(v);
+  }
   int positive(const char* key) const {
     const auto v = integer(key);
     if (v <= 0 || v > (1 << 30)) fail(Status::invalid_file, key, fmt::format("must be a positive size, got {}", v));
@@ -44,23 +61,23 @@ class Fields {
   }
   double number_or(const char* key, double fallback) const {
     if (!has(key)) return fallback;
-    if (!obj_[key].is_number()) fail(Status::invalid_file, key, fmt::format("must be a number, got {}", obj_[key].dump()));
+    if (!obj_[key].is_number()) fail(Status::invalid_file, key, fmt::format("must be a number, got {}", describe(obj_[key])));
     return obj_[key].get<double>();
   }
   bool boolean_or(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
-    if (!obj_[key].is_boolean()) fail(Status::invalid_file, key, fmt::format("must be true or false, got {}", obj_[key].dump()));
+    if (!obj_[key].is_boolean()) fail(Status::invalid_file, key, fmt::format("must be true or false, got {}", describe(obj_[key])));
     return obj_[key].get<bool>();
   }
   std::string string_or(const char* key, std::string fallback) const {
     if (!has(key)) return fallback;
-    if (!obj_[key].is_string()) fail(Status::invalid_file, key, fmt::format("must be a string, got {}", obj_[key].dump()));
+    if (!obj_[key].is_string()) fail(Status::invalid_file, key, fmt::format("must be a string, got {}", describe(obj_[key])));
     return obj_[key].get<std::string>();
   }
 
  private:
   std::int64_t integer_value(const char* key, const json& v) const {
-    if (!v.is_number_integer()) fail(Status::invalid_file, key, fmt::format("must be an integer, got {}", v.dump()));
+    if (!v.is_number_integer()) fail(Status::invalid_file, key, fmt::format("must be an integer, got {}", describe(v)));
     return v.get<std::int64_t>();
   }
 
@@ -73,12 +90,13 @@ bool is_known_dense_architecture(std::string_view a) {
   return a == "Qwen3_5ForConditionalGeneration" || a == "Qwen3_5ForCausalLM" || a == "Qwen3NextForCausalLM";
 }
 
-void collect_eos(const json& v, std::vector<std::int32_t>& out) {
+// Kept 64-bit until checked against the vocabulary: 2^32 + 5 must not become id 5.
+void collect_eos(const json& v, std::vector<std::int64_t>& out) {
   if (v.is_number_integer()) {
-    out.push_back(v.get<std::int32_t>());
+    out.push_back(v.get<std::int64_t>());
   } else if (v.is_array()) {
     for (const auto& e : v)
-      if (e.is_number_integer()) out.push_back(e.get<std::int32_t>());
+      if (e.is_number_integer()) out.push_back(e.get<std::int64_t>());
   }
 }
 
@@ -150,10 +168,10 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view what
   c.linear_num_value_heads = f.positive("linear_num_value_heads");
   c.linear_key_head_dim = f.positive("linear_key_head_dim");
   c.linear_value_head_dim = f.positive("linear_value_head_dim");
-  c.linear_conv_kernel_dim = static_cast<int>(f.integer_or("linear_conv_kernel_dim", 4));
+  c.linear_conv_kernel_dim = f.int_or("linear_conv_kernel_dim", 4);
   c.rms_norm_eps = static_cast<float>(f.number_or("rms_norm_eps", 1e-6));
-  c.max_position_embeddings = static_cast<int>(f.integer_or("max_position_embeddings", 0));
-  c.mtp_num_hidden_layers = static_cast<int>(f.integer_or("mtp_num_hidden_layers", 0));
+  c.max_position_embeddings = f.int_or("max_position_embeddings", 0);
+  c.mtp_num_hidden_layers = f.int_or("mtp_num_hidden_layers", 0);
   c.tie_word_embeddings = f.has("tie_word_embeddings") ? f.boolean_or("tie_word_embeddings", false)
                                                         : top.boolean_or("tie_word_embeddings", false);
 
@@ -187,7 +205,7 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view what
       f.fail(Status::invalid_file, "layer_types",
              fmt::format("lists {} layers but num_hidden_layers is {}", lt.size(), c.num_layers));
     for (std::size_t i = 0; i < lt.size(); ++i) {
-      const std::string v = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+      const std::string v = lt[i].is_string() ? lt[i].get<std::string>() : describe(lt[i]);
       if (v == "linear_attention") c.layer_types.push_back(LayerKind::linear_attention);
       else if (v == "full_attention") c.layer_types.push_back(LayerKind::full_attention);
       else f.fail(Status::unsupported_model, "layer_types", fmt::format("[{}] is '{}'; expected linear_attention or full_attention", i, v));
@@ -211,6 +229,10 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view what
   c.rope_theta = r.has("rope_theta") ? r.number_or("rope_theta", 1e4) : f.number_or("rope_theta", 1e4);
   const double partial = r.has("partial_rotary_factor") ? r.number_or("partial_rotary_factor", 1.0)
                                                         : f.number_or("partial_rotary_factor", 1.0);
+  // Range first: converting a huge or NaN double to int is undefined behaviour.
+  if (!(partial > 0.0 && partial <= 1.0))
+    (r.has("partial_rotary_factor") ? r : f)
+        .fail(Status::invalid_file, "partial_rotary_factor", fmt::format("is {}; it must be in (0, 1]", partial));
   c.rotary_dim = static_cast<int>(c.head_dim * partial);
   if (r.boolean_or("mrope_interleaved", false) || r.has("mrope_section")) {
     // Text-only positions are the same on all three mRoPE streams, so it is plain RoPE here.
@@ -221,8 +243,13 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view what
   else if (ssm == "bfloat16") c.ssm_state_dtype = DType::bf16;
   else f.fail(Status::unsupported_model, "mamba_ssm_dtype", fmt::format("is '{}'; float32 or bfloat16 expected", ssm));
 
-  if (f.has("eos_token_id")) collect_eos(f.raw("eos_token_id"), c.eos_token_ids);
-  if (nested && top.has("eos_token_id")) collect_eos(top.raw("eos_token_id"), c.eos_token_ids);
+  std::vector<std::int64_t> eos;
+  if (f.has("eos_token_id")) collect_eos(f.raw("eos_token_id"), eos);
+  if (nested && top.has("eos_token_id")) collect_eos(top.raw("eos_token_id"), eos);
+  for (const auto id : eos)
+    if (id < 0 || id >= c.vocab_size)
+      f.fail(Status::invalid_file, "eos_token_id", fmt::format("{} is outside the vocabulary of {}", id, c.vocab_size));
+  for (const auto id : eos) c.eos_token_ids.push_back(static_cast<std::int32_t>(id));
   std::sort(c.eos_token_ids.begin(), c.eos_token_ids.end());
   c.eos_token_ids.erase(std::unique(c.eos_token_ids.begin(), c.eos_token_ids.end()), c.eos_token_ids.end());
 
@@ -237,6 +264,17 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view what
     f.fail(Status::invalid_file, "partial_rotary_factor",
            fmt::format("gives a rotary dimension of {} for head_dim {}; it must be even and in (0, head_dim]",
                        c.rotary_dim, c.head_dim));
+  // The derived sizes are int arithmetic everywhere (ModelConfig's helpers, tensor shapes): each
+  // must stay far from overflow, like the sizes themselves.
+  const auto check_dim = [&](const char* key, std::int64_t v, const char* name) {
+    if (v > (std::int64_t{1} << 30))
+      f.fail(Status::invalid_file, key, fmt::format("gives {} = {}, above the supported 2^30", name, v));
+  };
+  const std::int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
+  check_dim("head_dim", std::int64_t{c.num_attention_heads} * c.head_dim, "num_attention_heads × head_dim");
+  check_dim("linear_key_head_dim", 2 * dk * c.linear_num_key_heads + dv * c.linear_num_value_heads,
+            "the GDN conv dimension 2 × key heads × key dim + value heads × value dim");
+  check_dim("linear_value_head_dim", dk * dv, "a GDN head's state, key dim × value dim");
   if (c.linear_conv_kernel_dim < 1 || c.linear_conv_kernel_dim > 16)
     f.fail(Status::unsupported_model, "linear_conv_kernel_dim", fmt::format("is {}; 1..16 supported", c.linear_conv_kernel_dim));
   if (!(c.rms_norm_eps > 0.0f) || !std::isfinite(c.rms_norm_eps))
@@ -245,9 +283,6 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view what
     throw Error(Status::invalid_file, fmt::format("{}: rope_theta must be a positive number", what));
   if (c.mtp_num_hidden_layers < 0 || c.mtp_num_hidden_layers > 1)
     f.fail(Status::unsupported_model, "mtp_num_hidden_layers", fmt::format("is {}; 0 or 1 supported", c.mtp_num_hidden_layers));
-  for (const auto id : c.eos_token_ids)
-    if (id < 0 || id >= c.vocab_size)
-      f.fail(Status::invalid_file, "eos_token_id", fmt::format("{} is outside the vocabulary of {}", id, c.vocab_size));
   return c;
 }
 

@@ -79,6 +79,8 @@ Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params)
     t.state.assign(static_cast<std::size_t>(c.linear_key_head_dim * c.linear_value_head_dim), 0.0f);
     t.scores.assign(static_cast<std::size_t>(p.max_context + 1), 0.0f);
   }
+  // Packed activations for the widest projection input (the MTP fc reads 2H), so no step allocates.
+  thread_scratch[0].linear.reserve(std::max<std::int64_t>(U, p.max_logits_rows), std::max({2 * H, I, Vd, qd, C}));
   ensure_output_rows(p.max_logits_rows > 0 ? p.max_logits_rows : std::max(p.max_sequences, 64));
 }
 

@@ -1,44 +1,176 @@
+// CPU projection kernels (see linear.hpp): run-time dispatch between AMX, AVX-512-BF16, AVX-512,
+// AVX2 and scalar code compiled in this one file with per-function target attributes, so the
+// library needs no -march flag to use the vector units of the machine it runs on.
+
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "gdn/backend/cpu/linear.hpp"
 #include "gdn/core/error.hpp"
 
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define GDN_X86 1
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsics as uninitialised
 // (a known false positive); nothing in this file reads an uninitialised value.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define GDN_T_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define GDN_T_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define GDN_T_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+#define GDN_T_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,f16c")))
+#else
+#define GDN_X86 0
 #endif
 
 namespace gdn::cpu {
 namespace {
 
-// Converts n weights to float.
-template <typename W>
-inline void widen(const W* src, float* dst, std::int64_t n) {
-  if constexpr (std::is_same_v<W, float>) {
-    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
-  } else if constexpr (std::is_same_v<W, bf16>) {
-    std::int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-    }
+// Activations enter the bf16 kernels as this many bf16 parts (see split32).
+constexpr int split_parts = 3;
+
+// ------------------------------------------------------------------------------------------------
+// Kernel selection: CPU features (and the OS's permission for AMX tile data), optionally lowered
+// by GDN_CPU_KERNEL. Never the shape of a call.
+
+#if GDN_X86
+bool amx_permitted() {
+  // Linux keeps AMX tile state off until a process asks for it (ARCH_REQ_XCOMP_PERM, XTILEDATA).
+  constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+  return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+}
 #endif
-    for (; i < n; ++i) dst[i] = to_float(src[i]);
+
+LinearKernel detect_kernel() {
+  LinearKernel best = LinearKernel::scalar;
+#if GDN_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = LinearKernel::avx2;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    best = LinearKernel::avx512;
+  if (best == LinearKernel::avx512 && __builtin_cpu_supports("avx512bf16")) best = LinearKernel::avx512bf16;
+  if (best == LinearKernel::avx512bf16 && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+      amx_permitted())
+    best = LinearKernel::amx;
+#endif
+  if (const char* env = std::getenv("GDN_CPU_KERNEL")) {
+    const std::string_view e = env;
+    LinearKernel want = best;
+    if (e == "scalar") want = LinearKernel::scalar;
+    else if (e == "avx2") want = LinearKernel::avx2;
+    else if (e == "avx512") want = LinearKernel::avx512;
+    else if (e == "avx512bf16") want = LinearKernel::avx512bf16;
+    else if (e == "amx") want = LinearKernel::amx;
+    if (want < best) best = want;  // only ever lower: the CPU must support what runs
+  }
+  return best;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Scalar: 16 partial sums (k ≡ lane mod 16), then a fixed-order sum.
+
+template <typename W>
+void dot_rows_scalar(const W* w, std::int64_t in, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
+                     std::int64_t ldy, std::int64_t n0, std::int64_t n1) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t n = n0; n < n1; ++n) {
+      float lanes[16] = {};
+      const W* wr = w + n * in;
+      const float* xr = x + r * ldx;
+      for (std::int64_t k = 0; k < in; ++k) lanes[k % 16] += to_float(wr[k]) * xr[k];
+      float s = 0.0f;
+      for (float l : lanes) s += l;
+      y[r * ldy + n] = s;
+    }
+}
+
+#if GDN_X86
+// ------------------------------------------------------------------------------------------------
+// AVX2: weights widened to float, 8 lanes accumulate k ≡ lane mod 8; the tail goes through a
+// zero-padded copy; one horizontal sum in a fixed order.
+
+template <typename W>
+GDN_T_AVX2 inline __m256 load8(const W* p) {
+  if constexpr (std::is_same_v<W, float>) {
+    return _mm256_loadu_ps(p);
+  } else if constexpr (std::is_same_v<W, bf16>) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   } else {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
 }
 
-#if defined(__AVX512F__)
+GDN_T_AVX2 inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+template <typename W, int R, int N>
+GDN_T_AVX2 void tile_avx2(const W* w, std::int64_t in, const float* x, std::int64_t ldx, float* y, std::int64_t ldy,
+                          std::int64_t n0) {
+  __m256 acc[R][N];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < N; ++j) acc[r][j] = _mm256_setzero_ps();
+  std::int64_t k = 0;
+  for (; k + 8 <= in; k += 8) {
+    __m256 wv[N];
+    for (int j = 0; j < N; ++j) wv[j] = load8(w + (n0 + j) * in + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * ldx + k);
+      for (int j = 0; j < N; ++j) acc[r][j] = _mm256_fmadd_ps(wv[j], xv, acc[r][j]);
+    }
+  }
+  if (k < in) {
+    const std::int64_t t = in - k;
+    W wt[N][8] = {};
+    for (int j = 0; j < N; ++j)
+      for (std::int64_t i = 0; i < t; ++i) wt[j][i] = w[(n0 + j) * in + k + i];
+    __m256 wv[N];
+    for (int j = 0; j < N; ++j) wv[j] = load8(wt[j]);
+    for (int r = 0; r < R; ++r) {
+      float xt[8] = {};
+      for (std::int64_t i = 0; i < t; ++i) xt[i] = x[r * ldx + k + i];
+      const __m256 xv = _mm256_loadu_ps(xt);
+      for (int j = 0; j < N; ++j) acc[r][j] = _mm256_fmadd_ps(wv[j], xv, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < N; ++j) y[r * ldy + n0 + j] = hsum8(acc[r][j]);
+}
+
+template <typename W, int N>
+GDN_T_AVX2 void rows_avx2(const W* w, std::int64_t in, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
+                          std::int64_t ldy, std::int64_t n0) {
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) tile_avx2<W, 4, N>(w, in, x + r * ldx, ldx, y + r * ldy, ldy, n0);
+  for (; r < rows; ++r) tile_avx2<W, 1, N>(w, in, x + r * ldx, ldx, y + r * ldy, ldy, n0);
+}
+
 template <typename W>
-inline __m512 load16(const W* p) {
+GDN_T_AVX2 void block_avx2(const W* w, std::int64_t in, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
+                           std::int64_t ldy, std::int64_t n0, std::int64_t n1) {
+  std::int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows_avx2<W, 4>(w, in, x, ldx, rows, y, ldy, n);
+  for (; n < n1; ++n) rows_avx2<W, 1>(w, in, x, ldx, rows, y, ldy, n);
+}
+
+// ------------------------------------------------------------------------------------------------
+// AVX-512: weights widened to float, 16 lanes accumulate k ≡ lane mod 16, the tail through masked
+// loads, then one horizontal sum.
+
+template <typename W>
+GDN_T_AVX512 inline __m512 load16(const W* p) {
   if constexpr (std::is_same_v<W, float>) {
     return _mm512_loadu_ps(p);
   } else if constexpr (std::is_same_v<W, bf16>) {
@@ -50,7 +182,7 @@ inline __m512 load16(const W* p) {
 }
 
 template <typename W>
-inline __m512 load16_masked(const W* p, __mmask16 m) {
+GDN_T_AVX512 inline __m512 load16_masked(const W* p, __mmask16 m) {
   if constexpr (std::is_same_v<W, float>) {
     return _mm512_maskz_loadu_ps(m, p);
   } else if constexpr (std::is_same_v<W, bf16>) {
@@ -60,16 +192,10 @@ inline __m512 load16_masked(const W* p, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
   }
 }
-#endif
 
-// One tile: R activation rows against N weight rows starting at n0. Every output element is the
-// same sequence of operations whatever the tile shape (16 lanes accumulate k ≡ lane mod 16 in
-// order, the tail through masked loads, then one horizontal sum), so a row's result never depends
-// on how many other rows share the step: batched decode is bit-identical to single decode.
 template <typename W, int R, int N>
-inline void dot_tile(const W* w, std::int64_t in, const float* x, std::int64_t ldx, float* y, std::int64_t ldy,
-                     std::int64_t n0) {
-#if defined(__AVX512F__)
+GDN_T_AVX512 void tile_avx512(const W* w, std::int64_t in, const float* x, std::int64_t ldx, float* y, std::int64_t ldy,
+                              std::int64_t n0) {
   __m512 acc[R][N];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < N; ++j) acc[r][j] = _mm512_setzero_ps();
@@ -93,65 +219,386 @@ inline void dot_tile(const W* w, std::int64_t in, const float* x, std::int64_t l
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < N; ++j) y[r * ldy + n0 + j] = _mm512_reduce_add_ps(acc[r][j]);
-#else
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < N; ++j) {
-      float lanes[16] = {};
-      const W* wr = w + (n0 + j) * in;
-      for (std::int64_t k = 0; k < in; ++k) lanes[k % 16] += to_float(wr[k]) * x[r * ldx + k];
-      float s = 0.0f;
-      for (float l : lanes) s += l;
-      y[r * ldy + n0 + j] = s;
-    }
-#endif
 }
 
 template <typename W, int N>
-inline void rows_tile(const W* w, std::int64_t in, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
-                      std::int64_t ldy, std::int64_t n0) {
+GDN_T_AVX512 void rows_avx512(const W* w, std::int64_t in, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
+                              std::int64_t ldy, std::int64_t n0) {
   std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) dot_tile<W, 4, N>(w, in, x + r * ldx, ldx, y + r * ldy, ldy, n0);
-  for (; r + 2 <= rows; r += 2) dot_tile<W, 2, N>(w, in, x + r * ldx, ldx, y + r * ldy, ldy, n0);
-  for (; r < rows; ++r) dot_tile<W, 1, N>(w, in, x + r * ldx, ldx, y + r * ldy, ldy, n0);
+  for (; r + 4 <= rows; r += 4) tile_avx512<W, 4, N>(w, in, x + r * ldx, ldx, y + r * ldy, ldy, n0);
+  for (; r + 2 <= rows; r += 2) tile_avx512<W, 2, N>(w, in, x + r * ldx, ldx, y + r * ldy, ldy, n0);
+  for (; r < rows; ++r) tile_avx512<W, 1, N>(w, in, x + r * ldx, ldx, y + r * ldy, ldy, n0);
 }
 
 template <typename W>
-void linear_typed(ThreadPool& pool, const W* w, std::int64_t out, std::int64_t in, const float* x, std::int64_t ldx,
-                  std::int64_t rows, float* y, std::int64_t ldy) {
-  // Output rows are split across threads in blocks small enough to stay in L2 while every
-  // activation row passes over them; decode (few rows) streams each weight row exactly once.
-  constexpr std::int64_t block = 64;
-  const std::int64_t blocks = (out + block - 1) / block;
-  pool.parallel_for(blocks, 1, [&](std::int64_t b0, std::int64_t b1, int) {
-    for (std::int64_t b = b0; b < b1; ++b) {
-      const std::int64_t n_end = std::min(out, (b + 1) * block);
-      std::int64_t n = b * block;
-      for (; n + 4 <= n_end; n += 4) rows_tile<W, 4>(w, in, x, ldx, rows, y, ldy, n);
-      for (; n < n_end; ++n) rows_tile<W, 1>(w, in, x, ldx, rows, y, ldy, n);
+GDN_T_AVX512 void block_avx512(const W* w, std::int64_t in, const float* x, std::int64_t ldx, std::int64_t rows,
+                               float* y, std::int64_t ldy, std::int64_t n0, std::int64_t n1) {
+  std::int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows_avx512<W, 4>(w, in, x, ldx, rows, y, ldy, n);
+  for (; n < n1; ++n) rows_avx512<W, 1>(w, in, x, ldx, rows, y, ldy, n);
+}
+
+// ------------------------------------------------------------------------------------------------
+// bf16 split of activations into three parts, x = hi + mid + lo exactly (each remainder is exact
+// in float and the three 8-bit significands cover float's 24), so the bf16 kernels multiply the
+// float activations themselves, not a rounded copy.
+
+GDN_T_BF16 inline __m512i widen_lo16(__m512i b) {
+  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(b)), 16);
+}
+GDN_T_BF16 inline __m512i widen_hi16(__m512i b) {
+  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(b, 1)), 16);
+}
+
+GDN_T_BF16 inline void split32(const float* x, std::int64_t valid, __m512i out[split_parts]) {
+  const __mmask16 m0 = static_cast<__mmask16>(valid >= 16 ? 0xffff : (1u << std::max<std::int64_t>(valid, 0)) - 1u);
+  const __mmask16 m1 =
+      static_cast<__mmask16>(valid >= 32 ? 0xffff : (valid <= 16 ? 0u : (1u << (valid - 16)) - 1u));
+  __m512 x0 = _mm512_maskz_loadu_ps(m0, x), x1 = _mm512_maskz_loadu_ps(m1, x + 16);
+  for (int p = 0; p < split_parts; ++p) {
+    const __m512bh h = _mm512_cvtne2ps_pbh(x1, x0);  // elements 0..15 from x0, 16..31 from x1
+    const __m512i hb = reinterpret_cast<const __m512i&>(h);
+    out[p] = hb;
+    x0 = _mm512_sub_ps(x0, _mm512_castsi512_ps(widen_lo16(hb)));
+    x1 = _mm512_sub_ps(x1, _mm512_castsi512_ps(widen_hi16(hb)));
+  }
+}
+
+// Row-major packing for the vdpbf16ps kernel: per row, split_parts arrays of Kp (in rounded up to 32).
+GDN_T_BF16 void pack_rows_bf16(const float* x, std::int64_t ldx, std::int64_t r0, std::int64_t r1, std::int64_t in,
+                               std::int64_t kp, std::uint16_t* out) {
+  for (std::int64_t r = r0; r < r1; ++r) {
+    std::uint16_t* row = out + r * split_parts * kp;
+    for (std::int64_t k = 0; k < kp; k += 32) {
+      __m512i parts[split_parts];
+      split32(x + r * ldx + k, in - k, parts);
+      for (int p = 0; p < split_parts; ++p) _mm512_storeu_si512(row + p * kp + k, parts[p]);
     }
-  });
+  }
+}
+
+template <int R, int N>
+GDN_T_BF16 void tile_bf16(const bf16* w, std::int64_t in, std::int64_t kp, const std::uint16_t* xp, float* y,
+                          std::int64_t ldy, std::int64_t n0) {
+  __m512 acc[R][N];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < N; ++j) acc[r][j] = _mm512_setzero_ps();
+  for (std::int64_t k = 0; k < kp; k += 32) {
+    __m512i wv[N];
+    if (k + 32 <= in) {
+      for (int j = 0; j < N; ++j) wv[j] = _mm512_loadu_si512(w + (n0 + j) * in + k);
+    } else {
+      const __mmask32 m = static_cast<__mmask32>((1ull << (in - k)) - 1ull);
+      for (int j = 0; j < N; ++j) wv[j] = _mm512_maskz_loadu_epi16(m, w + (n0 + j) * in + k);
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int p = 0; p < split_parts; ++p) {
+        const __m512i xv = _mm512_loadu_si512(xp + (r * split_parts + p) * kp + k);
+        for (int j = 0; j < N; ++j)
+          acc[r][j] = _mm512_dpbf16_ps(acc[r][j], reinterpret_cast<const __m512bh&>(wv[j]),
+                                       reinterpret_cast<const __m512bh&>(xv));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < N; ++j) y[r * ldy + n0 + j] = _mm512_reduce_add_ps(acc[r][j]);
+}
+
+template <int N>
+GDN_T_BF16 void rows_bf16(const bf16* w, std::int64_t in, std::int64_t kp, const std::uint16_t* xp, std::int64_t rows,
+                          float* y, std::int64_t ldy, std::int64_t n0) {
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) tile_bf16<4, N>(w, in, kp, xp + r * split_parts * kp, y + r * ldy, ldy, n0);
+  for (; r < rows; ++r) tile_bf16<1, N>(w, in, kp, xp + r * split_parts * kp, y + r * ldy, ldy, n0);
+}
+
+GDN_T_BF16 void block_bf16(const bf16* w, std::int64_t in, std::int64_t kp, const std::uint16_t* xp, std::int64_t rows,
+                           float* y, std::int64_t ldy, std::int64_t n0, std::int64_t n1) {
+  std::int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows_bf16<4>(w, in, kp, xp, rows, y, ldy, n);
+  for (; n < n1; ++n) rows_bf16<1>(w, in, kp, xp, rows, y, ldy, n);
+}
+
+// ------------------------------------------------------------------------------------------------
+// AMX. C = W·Xᵀ on 16×16 float tiles: the weight rows are the A operand (16 rows × 32 bf16, read
+// straight from the checkpoint with the row stride), the activations the B operand, packed per group
+// of 16 rows into the VNNI layout: for each step of 32 k, 16 tile rows (k pairs) × 16 columns
+// (activation rows) of 2 bf16. Each C element accumulates its k steps in order, hi then lo part,
+// in one accumulator; missing activation rows are zero columns that never mix with the others.
+
+
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+GDN_T_AMX void amx_configure() {
+  // The tile configuration is per thread; every tile is 16 rows × 64 bytes.
+  thread_local bool configured = false;
+  if (configured) return;
+  TileConfig c;
+  for (int i = 0; i < 8; ++i) {
+    c.colsb[i] = 64;
+    c.rows[i] = 16;
+  }
+  _tile_loadconfig(&c);
+  configured = true;
+}
+
+constexpr std::int64_t tile_u16 = 512;  // one 16 × 64-byte tile, in uint16
+
+// Packs rows of x for groups [g0, g1): a group is split_parts runs of `steps` tiles (hi, mid, lo).
+GDN_T_AMX void pack_amx(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t in, std::int64_t steps,
+                        std::int64_t g0, std::int64_t g1, std::uint16_t* out) {
+  const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(16));
+  for (std::int64_t g = g0; g < g1; ++g) {
+    std::uint16_t* base = out + g * split_parts * steps * tile_u16;
+    // Columns of missing rows (m ≥ rows in the last group) keep whatever they held: a column of B
+    // only ever reaches the same column of C, which is never read.
+    for (int m = 0; m < 16 && g * 16 + m < rows; ++m) {
+      const std::int64_t r = g * 16 + m;
+      const __m512i idx = _mm512_add_epi32(col, _mm512_set1_epi32(m));  // dword kk·16 + m
+      for (std::int64_t s = 0; s < steps; ++s) {
+        __m512i parts[split_parts];
+        split32(x + r * ldx + s * 32, in - s * 32, parts);
+        for (int p = 0; p < split_parts; ++p) _mm512_i32scatter_epi32(base + (p * steps + s) * tile_u16, idx, parts[p], 4);
+      }
+    }
+  }
+}
+
+// Copies 16 rows × 32 columns of W (rows n0.., columns k0..) into a zero-padded tile image.
+inline void weight_tile_copy(const bf16* w, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t k0,
+                             std::uint16_t* t) {
+  std::memset(t, 0, tile_u16 * sizeof(std::uint16_t));
+  const std::int64_t nr = std::min<std::int64_t>(16, out_rows - n0), nk = std::min<std::int64_t>(32, in - k0);
+  for (std::int64_t n = 0; n < nr; ++n) std::memcpy(t + n * 32, w + (n0 + n) * in + k0, static_cast<std::size_t>(nk) * 2);
+}
+
+// (Tile numbers must be literals: the intrinsics paste them into the instruction.)
+#define GDN_AMX_LOAD_A(i, tile)                                                               \
+  do {                                                                                        \
+    if (full[i] && s < full_steps) {                                                          \
+      _tile_loadd(tile, w + (n0 + 16 * (i)) * in + s * 32, in * 2);                           \
+    } else {                                                                                  \
+      weight_tile_copy(w, in, out_rows, n0 + 16 * (i), s * 32, tmp[i]);                       \
+      _tile_loadd(tile, tmp[i], 64);                                                          \
+    }                                                                                         \
+  } while (0)
+
+// AMX tiles are not renamed, and a tile load from L2 costs more than a tile product, so the
+// activation tiles are kept in L1: the k dimension is walked in blocks of `kblock` steps, and each
+// block of activation tiles (3 parts × kblock KiB) serves every weight block of the range before the
+// next block of k. Partial sums wait in a per-thread buffer of C tiles between k blocks (stored and
+// reloaded exactly, so each element still accumulates its k steps in order: the same arithmetic as
+// an unblocked loop).
+//   C(half) = 0, 1 (the three parts accumulate in turn), A(half) = 2, 3, B(part) = 4, 5, 6
+constexpr std::int64_t kblock = 32;
+constexpr std::int64_t max_range_rows = 1024;
+
+template <int NA>
+GDN_T_AMX inline void amx_kblock(const bf16* w, std::int64_t in, std::int64_t out_rows, std::int64_t n0,
+                                 const std::uint16_t* b, std::int64_t steps, std::int64_t s0, std::int64_t s1,
+                                 float* cb) {
+  static_assert(split_parts == 3, "one B tile per part");
+  alignas(64) std::uint16_t tmp[2][tile_u16];
+  const bool full[2] = {n0 + 16 <= out_rows, n0 + 32 <= out_rows};
+  const std::int64_t full_steps = in / 32;
+  if (s0 == 0) {
+    _tile_zero(0);
+    if constexpr (NA == 2) _tile_zero(1);
+  } else {
+    _tile_loadd(0, cb, 64);
+    if constexpr (NA == 2) _tile_loadd(1, cb + 256, 64);
+  }
+  for (std::int64_t s = s0; s < s1; ++s) {
+    _tile_loadd(4, b + s * tile_u16, 64);
+    _tile_loadd(5, b + (steps + s) * tile_u16, 64);
+    _tile_loadd(6, b + (2 * steps + s) * tile_u16, 64);
+    GDN_AMX_LOAD_A(0, 2);
+    if constexpr (NA == 2) GDN_AMX_LOAD_A(1, 3);
+    _tile_dpbf16ps(0, 2, 4);
+    if constexpr (NA == 2) _tile_dpbf16ps(1, 3, 4);
+    _tile_dpbf16ps(0, 2, 5);
+    if constexpr (NA == 2) _tile_dpbf16ps(1, 3, 5);
+    _tile_dpbf16ps(0, 2, 6);
+    if constexpr (NA == 2) _tile_dpbf16ps(1, 3, 6);
+  }
+  _tile_stored(0, cb, 64);
+  if constexpr (NA == 2) _tile_stored(1, cb + 256, 64);
+}
+#undef GDN_AMX_LOAD_A
+
+// Rows [n0, n1) (at most max_range_rows) of one weight against every activation group.
+GDN_T_AMX void amx_range(const bf16* w, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t n1,
+                         const std::uint16_t* xp, std::int64_t steps, std::int64_t rows, float* y, std::int64_t ldy) {
+  amx_configure();
+  alignas(64) thread_local float cbuf[max_range_rows * 16];  // C tiles of the range, [n][m] per 16 rows
+  const std::int64_t groups = (rows + 15) / 16;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const std::uint16_t* b = xp + g * split_parts * steps * tile_u16;
+    for (std::int64_t s0 = 0; s0 < steps; s0 += kblock) {
+      const std::int64_t s1 = std::min(steps, s0 + kblock);
+      for (std::int64_t n = n0; n < n1; n += 32) {
+        float* cb = cbuf + (n - n0) * 16;
+        if (n + 16 < n1) amx_kblock<2>(w, in, out_rows, n, b, steps, s0, s1, cb);
+        else amx_kblock<1>(w, in, out_rows, n, b, steps, s0, s1, cb);
+      }
+    }
+    // cbuf[(n − n0)·16 + m]: weight row n, activation row 16g + m.
+    const std::int64_t mm = std::min<std::int64_t>(16, rows - 16 * g);
+    for (std::int64_t m = 0; m < mm; ++m) {
+      float* yr = y + (16 * g + m) * ldy;
+      for (std::int64_t n = n0; n < n1; ++n) yr[n] = cbuf[(n - n0) * 16 + m];
+    }
+  }
+}
+#endif  // GDN_X86
+
+// ------------------------------------------------------------------------------------------------
+// Dispatch.
+
+template <typename W>
+void run_block(LinearKernel k, const W* w, std::int64_t in, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
+               std::int64_t ldy, std::int64_t n0, std::int64_t n1) {
+#if GDN_X86
+  if (k >= LinearKernel::avx512) return block_avx512<W>(w, in, x, ldx, rows, y, ldy, n0, n1);
+  if (k == LinearKernel::avx2) return block_avx2<W>(w, in, x, ldx, rows, y, ldy, n0, n1);
+#endif
+  dot_rows_scalar<W>(w, in, x, ldx, rows, y, ldy, n0, n1);
+}
+
+void float_block(LinearKernel k, const TensorView& W, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
+                 std::int64_t ldy, std::int64_t n0, std::int64_t n1) {
+  const std::int64_t in = W.dim(1);
+  switch (W.dtype) {
+    case DType::bf16: return run_block(k, W.as<bf16>(), in, x, ldx, rows, y, ldy, n0, n1);
+    case DType::f16: return run_block(k, W.as<f16>(), in, x, ldx, rows, y, ldy, n0, n1);
+    case DType::f32: return run_block(k, W.as<float>(), in, x, ldx, rows, y, ldy, n0, n1);
+    default: throw Error(Status::internal, fmt::format("linear: unsupported weight dtype {}", dtype_name(W.dtype)));
+  }
+}
+
+std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
+
+// Parts that run on a bf16 kernel (bf16 weights and a bf16 kernel), else on the float kernels.
+bool packed_part(LinearKernel k, const TensorView& W) {
+  return W.dtype == DType::bf16 && (k == LinearKernel::amx || k == LinearKernel::avx512bf16);
 }
 
 }  // namespace
 
-void linear(ThreadPool& pool, const TensorView& W, const float* x, std::int64_t ldx,
-            std::int64_t rows, float* y, std::int64_t ldy) {
-  const std::int64_t out = W.dim(0);
-  const std::int64_t in = W.dim(1);
-  switch (W.dtype) {
-    case DType::bf16: return linear_typed(pool, W.as<bf16>(), out, in, x, ldx, rows, y, ldy);
-    case DType::f16: return linear_typed(pool, W.as<f16>(), out, in, x, ldx, rows, y, ldy);
-    case DType::f32: return linear_typed(pool, W.as<float>(), out, in, x, ldx, rows, y, ldy);
-    default: throw Error(Status::internal, fmt::format("linear: unsupported weight dtype {}", dtype_name(W.dtype)));
+LinearKernel linear_kernel() noexcept {
+  static const LinearKernel k = detect_kernel();
+  return k;
+}
+
+const char* linear_kernel_name() noexcept {
+  switch (linear_kernel()) {
+    case LinearKernel::amx: return "amx";
+    case LinearKernel::avx512bf16: return "avx512bf16";
+    case LinearKernel::avx512: return "avx512";
+    case LinearKernel::avx2: return "avx2";
+    default: return "scalar";
   }
+}
+
+void LinearWorkspace::reserve(std::int64_t rows, std::int64_t in) {
+  // Either layout: AMX groups of 16 rows × steps tiles × parts, or rows × parts·Kp.
+  const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32);
+  const std::int64_t need = round_up(std::max<std::int64_t>(rows, 1), 16) * split_parts * kp;
+  get(static_cast<std::size_t>(need));
+}
+
+void linear_multi(ThreadPool& pool, LinearWorkspace& ws, std::span<const LinearPart> parts, const float* x,
+                  std::int64_t ldx, std::int64_t rows) {
+  linear_multi(pool, ws, linear_kernel(), parts, x, ldx, rows);
+}
+
+void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::span<const LinearPart> parts,
+                  const float* x, std::int64_t ldx, std::int64_t rows) {
+  if (parts.empty() || rows <= 0) return;
+  if (k > linear_kernel()) k = linear_kernel();
+  const std::int64_t in = parts[0].w->dim(1);
+  for (const auto& p : parts)
+    if (p.w->dim(1) != in) throw Error(Status::internal, "linear_multi: parts have different input sizes");
+
+  bool any_packed = false;
+  for (const auto& p : parts) any_packed |= packed_part(k, *p.w);
+  const std::int64_t kp = round_up(in, 32), steps = kp / 32;
+  std::uint16_t* xp = nullptr;
+  if (any_packed) {
+    const std::int64_t groups = (rows + 15) / 16;
+    xp = ws.get(static_cast<std::size_t>(groups * 16 * split_parts * kp));
+#if GDN_X86
+    if (k == LinearKernel::amx)
+      pool.parallel_for(groups, 1, [&](std::int64_t g0, std::int64_t g1, int) { pack_amx(x, ldx, rows, in, steps, g0, g1, xp); });
+    else
+      pool.parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1, int) { pack_rows_bf16(x, ldx, r0, r1, in, kp, xp); });
+#endif
+  }
+
+  // Work items: ranges of output rows of each part. With few activation rows (decode) a range is a
+  // small block, so both threads stream weights; with many, a range is as many rows as fit in
+  // about 1 MiB of L2, reused by every activation row.
+  std::int64_t range_rows;
+  if (k == LinearKernel::amx)
+    range_rows = rows <= 32 ? 32 : std::clamp<std::int64_t>((std::int64_t{1} << 20) / (2 * in) / 32 * 32, 32, max_range_rows);
+  else range_rows = 64;
+  std::int64_t starts[16];
+  std::int64_t total = 0;
+  const std::size_t np = std::min<std::size_t>(parts.size(), 15);
+  for (std::size_t i = 0; i < np; ++i) {
+    starts[i] = total;
+    total += (parts[i].w->dim(0) + range_rows - 1) / range_rows;
+  }
+  starts[np] = total;
+  if (parts.size() > np) throw Error(Status::internal, "linear_multi: at most 15 parts");
+
+  pool.parallel_for(total, 1, [&](std::int64_t b0, std::int64_t b1, int) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      std::size_t i = 0;
+      while (b >= starts[i + 1]) ++i;
+      const LinearPart& p = parts[i];
+      const TensorView& W = *p.w;
+      const std::int64_t out = W.dim(0);
+      const std::int64_t n0 = (b - starts[i]) * range_rows, n1 = std::min(out, n0 + range_rows);
+      if (packed_part(k, W)) {
+#if GDN_X86
+        if (k == LinearKernel::amx) amx_range(W.as<bf16>(), in, out, n0, n1, xp, steps, rows, p.y, p.ldy);
+        else block_bf16(W.as<bf16>(), in, kp, xp, rows, p.y, p.ldy, n0, n1);
+#endif
+      } else {
+        float_block(k, W, x, ldx, rows, p.y, p.ldy, n0, n1);
+      }
+    }
+  });
+}
+
+void linear(ThreadPool& pool, LinearWorkspace& ws, const TensorView& W, const float* x, std::int64_t ldx,
+            std::int64_t rows, float* y, std::int64_t ldy) {
+  const LinearPart part{&W, y, ldy};
+  linear_multi(pool, ws, std::span(&part, 1), x, ldx, rows);
 }
 
 void gather_row(const TensorView& table, std::int64_t row, float* out) {
   const std::int64_t dim = table.dim(1);
   switch (table.dtype) {
-    case DType::bf16: return widen(table.as<bf16>() + row * dim, out, dim);
-    case DType::f16: return widen(table.as<f16>() + row * dim, out, dim);
-    case DType::f32: return widen(table.as<float>() + row * dim, out, dim);
+    case DType::bf16: {
+      const bf16* s = table.as<bf16>() + row * dim;
+      for (std::int64_t i = 0; i < dim; ++i) out[i] = to_float(s[i]);
+      return;
+    }
+    case DType::f16: {
+      const f16* s = table.as<f16>() + row * dim;
+      for (std::int64_t i = 0; i < dim; ++i) out[i] = to_float(s[i]);
+      return;
+    }
+    case DType::f32: std::memcpy(out, table.as<float>() + row * dim, static_cast<std::size_t>(dim) * sizeof(float)); return;
     default: throw Error(Status::internal, "gather_row: unsupported dtype");
   }
 }

@@ -58,7 +58,9 @@ std::uint64_t read_le64(const std::byte* p) {
 std::uint64_t as_u64(const json& v, std::string_view what, const std::string& field) {
   if (!v.is_number_unsigned()) {
     if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return v.get<std::uint64_t>();
-    bad(what, fmt::format("{} must be a non-negative integer, got {}", field, v.dump()));
+    // Containers by type only: dump() recurses, and a deeply nested value would overflow the stack.
+    bad(what, fmt::format("{} must be a non-negative integer, got {}", field,
+                          v.is_structured() ? std::string("an ") + v.type_name() : v.dump().substr(0, 64)));
   }
   return v.get<std::uint64_t>();
 }
@@ -151,11 +153,14 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file, std:
   std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  for (std::size_t i = 1; i < h.tensors.size(); ++i) {
-    const auto& p = h.tensors[i - 1];
-    const auto& c = h.tensors[i];
-    if (c.begin < p.end && c.end > c.begin)
-      bad(what, fmt::format("tensors '{}' and '{}' overlap in the data section", p.name, c.name));
+  // Compare each tensor with the furthest-reaching non-empty one before it, not just its neighbour:
+  // an empty tensor between two overlapping ones must not hide the overlap.
+  const SafetensorsEntry* reach = nullptr;
+  for (const auto& c : h.tensors) {
+    if (c.end == c.begin) continue;
+    if (reach != nullptr && c.begin < reach->end)
+      bad(what, fmt::format("tensors '{}' and '{}' overlap in the data section", reach->name, c.name));
+    if (reach == nullptr || c.end > reach->end) reach = &c;
   }
   return h;
 }

@@ -1,4 +1,9 @@
 #include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "gdn/core/error.hpp"
 
 #include "gdn/state/gdn_state.hpp"
 #include "gdn/state/kv_pages.hpp"
@@ -8,7 +13,15 @@ namespace gdn {
 KvPagePool::KvPagePool(std::int64_t pages, int page_size, int layers, int kv_heads, int head_dim)
     : page_size_(page_size), layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim) {
   page_floats_ = static_cast<std::int64_t>(layers) * 2 * kv_heads * page_size * head_dim;
-  data_.assign(static_cast<std::size_t>(pages * page_floats_), 0.0f);
+  // Checked before allocating: page ids are 32-bit, and the pool's size must not wrap around.
+  std::int64_t floats = 0;
+  if (pages > std::numeric_limits<std::int32_t>::max() || __builtin_mul_overflow(pages, page_floats_, &floats) ||
+      floats > std::numeric_limits<std::int64_t>::max() / 4)
+    throw Error(Status::out_of_capacity,
+                fmt::format("a KV cache of {} pages of {} floats is beyond what one context can address "
+                            "(page ids are 32-bit); lower max_context, max_sequences or kv_pages",
+                            pages, page_floats_));
+  data_.assign(static_cast<std::size_t>(floats), 0.0f);
   refcount_.assign(static_cast<std::size_t>(pages), 0);
   free_.reserve(static_cast<std::size_t>(pages));
   // Hand out low page ids first.

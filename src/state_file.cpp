@@ -168,8 +168,11 @@ StateFileHeader parse_state_file(std::span<const std::byte> file, std::string_vi
     bad(what, "recurrent section size does not match gdn_layers × recurrent_elements × dtype");
   if (h.kv.bytes != product({h.kv_layers, 2, h.kv_positions, h.kv_dim, 4}, "kv"))
     bad(what, "kv section size does not match kv_layers × 2 × kv_positions × kv_dim");
-  if (h.kv_positions < std::max(h.length, h.mtp_length) && h.kv_layers > 0)
-    bad(what, "kv_positions is smaller than the sequence length");
+  // Exactly what save_sequence writes: a larger value would make load_sequence take KV pages (and
+  // grow the page table) past what the sequence's length accounts for.
+  if (h.kv_positions != std::max(h.length, h.mtp_length))
+    bad(what, fmt::format("kv_positions {} is not the sequence's length max(length {}, mtp_length {})", h.kv_positions,
+                          h.length, h.mtp_length));
   return h;
 }
 

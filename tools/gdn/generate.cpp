@@ -116,6 +116,7 @@ int generate(int argc, char** argv) {
     return true;
   });
   std::fputs("\n", stdout);
+  std::fflush(stdout);
   const double prefill_tps = static_cast<double>(r.prompt_tokens) / std::max(r.prefill_seconds, 1e-9);
   const double decode_tps = static_cast<double>(r.tokens.size() > 1 ? r.tokens.size() - 1 : 0) / std::max(r.decode_seconds, 1e-9);
   fmt::print(stderr, "[{} prompt tokens, {:.1f} tokens/s prefill | {} generated, {:.1f} tokens/s decode | finish: {}",

@@ -2,8 +2,10 @@
 //
 //   gdn info MODEL_DIR                                   the parsed configuration and memory figures
 //   gdn logits MODEL_DIR --tokens 1,2,3 [--out F.npy]    logits of every prompt position
-//   gdn generate MODEL_DIR --prompt TEXT [...]           streamed text (generate.cpp)
+//   gdn generate MODEL_DIR --prompt TEXT [...]           streamed text (see generate.cpp)
 //   gdn speculate MODEL_DIR [...]                        MTP speculative decoding figures (speculate.cpp)
+//   gdn doctor MODEL_DIR [--json] [--quick]              self-check; exit status 1 on any FAIL (see doctor.cpp)
+//   gdn bench [...]                                      CPU benchmark vs roofline and llama.cpp (bench.cpp)
 //
 // `gdn logits` is a stable contract used by external checks: without --out it prints one line per
 // prompt position with vocab_size space-separated values; with --out it writes a float32 .npy of
@@ -30,7 +32,9 @@ int usage() {
       "  gdn info MODEL_DIR\n"
       "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16]\n"
       "  gdn generate MODEL_DIR --prompt TEXT [--chat] [--temp T] [--top-p P] [--seed S] [--max-tokens N] [--mtp K]\n"
-      "  gdn speculate MODEL_DIR [--prompts FILE] [--k K]...   MTP acceptance and speedup vs plain decoding\n",
+      "  gdn speculate MODEL_DIR [--prompts FILE] [--k K]...   MTP acceptance and speedup vs plain decoding\n"
+      "  gdn doctor MODEL_DIR [--json] [--quick] [--threads N]\n"
+      "  gdn bench [--shape 0.8b|2b | --model DIR] [--quick] [--json FILE] [--peer-python PY] (see bench.cpp)\n",
       stderr);
   return 2;
 }
@@ -128,13 +132,15 @@ int cmd_logits(const std::string& dir, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) return usage();
+  if (argc < 3 && !(argc == 2 && std::string_view(argv[1]) == "bench")) return usage();
   const std::string_view cmd = argv[1];
   try {
     if (cmd == "info") return cmd_info(argv[2]);
     if (cmd == "logits") return cmd_logits(argv[2], argc - 3, argv + 3);
     if (cmd == "generate") return gdn::cli::generate(argc - 2, argv + 2);
     if (cmd == "speculate") return gdn::cli::speculate(argc - 2, argv + 2);
+    if (cmd == "doctor") return gdn::cli::doctor(argc - 2, argv + 2);
+    if (cmd == "bench") return gdn::cli::bench(argc - 2, argv + 2);
     return usage();
   } catch (const gdn::Error& e) {
     fmt::print(stderr, "gdn {}: error ({}): {}\n", cmd, gdn::status_name(e.status()), e.what());

@@ -3,6 +3,7 @@
 // chunks of `grain` and runs them on the workers and the calling thread; it returns when all are
 // done. Dispatch needs no heap allocation, so it may be used on the decode hot path. Workers spin
 // briefly before sleeping because a decode step issues hundreds of short parallel regions.
+// Thread safety: parallel_for is called by one thread at a time (the owning Context's).
 
 #include <atomic>
 #include <condition_variable>

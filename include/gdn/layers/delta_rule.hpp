@@ -5,7 +5,8 @@
 // Per token t (q already L2-normalised and scaled by 1/sqrt(dk), k L2-normalised):
 //   S ← exp(g_t)·S;  u = β_t·(v_t − Sᵀk_t);  S ← S + k_t·uᵀ;  o_t = Sᵀq_t
 //
-// delta_rule_recurrent() is that loop, literally: the decode path and the test oracle.
+// delta_rule_recurrent() is that loop (fused into two sweeps over S per token): the decode path and
+// the test oracle.
 // delta_rule_chunked() is the WY/UT chunked form used for prefill (chunks of 64): within a chunk,
 // with γ the cumulative log-decay and Γ_ij = exp(γ_i − γ_j),
 //   T = I + strict_tril(diag(β)·K·Kᵀ ⊙ Γ),  U = T⁻¹(β ⊙ V),  W = T⁻¹(β ⊙ exp(γ) ⊙ K)
@@ -17,6 +18,8 @@
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "gdn/backend/cpu/vec_math.hpp"
 
 namespace gdn::layers {
 
@@ -33,8 +36,11 @@ struct DeltaRuleInput {
 };
 
 inline void delta_rule_recurrent(const DeltaRuleInput& in, std::int64_t n, float* S, float* o, std::int64_t o_stride) {
+  // Fused per head: one read-only sweep over S for Sᵀk and Sᵀq, then one read-modify-write sweep,
+  // using S' = d·S + k·δᵀ with δ = β(v − d·Sᵀk), hence S'ᵀq = d·Sᵀq + (k·q)·δ.
   const int dk = in.dk, dv = in.dv;
-  float kv[512];
+  float ks[512];
+  float qs[512];
   float delta[512];
   for (std::int64_t t = 0; t < n; ++t) {
     const float* q = in.q + t * in.q_stride;
@@ -42,26 +48,26 @@ inline void delta_rule_recurrent(const DeltaRuleInput& in, std::int64_t n, float
     const float* v = in.v + t * in.v_stride;
     const float decay = std::exp(in.g[t]);
     const float beta = in.beta[t];
-    std::fill(kv, kv + dv, 0.0f);
+    std::fill(ks, ks + dv, 0.0f);
+    std::fill(qs, qs + dv, 0.0f);
     for (int a = 0; a < dk; ++a) {
-      float* row = S + static_cast<std::int64_t>(a) * dv;
-      const float ka = k[a];
+      const float* row = S + static_cast<std::int64_t>(a) * dv;
+      const float ka = k[a], qa = q[a];
       for (int b = 0; b < dv; ++b) {
-        row[b] *= decay;
-        kv[b] += ka * row[b];
+        ks[b] += ka * row[b];
+        qs[b] += qa * row[b];
       }
     }
-    for (int b = 0; b < dv; ++b) delta[b] = beta * (v[b] - kv[b]);
+    const float qk = cpu::vec::dot(q, k, dk);
     float* out = o + t * o_stride;
-    std::fill(out, out + dv, 0.0f);
+    for (int b = 0; b < dv; ++b) {
+      delta[b] = beta * (v[b] - decay * ks[b]);
+      out[b] = decay * qs[b] + qk * delta[b];
+    }
     for (int a = 0; a < dk; ++a) {
       float* row = S + static_cast<std::int64_t>(a) * dv;
       const float ka = k[a];
-      const float qa = q[a];
-      for (int b = 0; b < dv; ++b) {
-        row[b] += ka * delta[b];
-        out[b] += qa * row[b];
-      }
+      for (int b = 0; b < dv; ++b) row[b] = decay * row[b] + ka * delta[b];
     }
   }
 }
@@ -73,28 +79,29 @@ class DeltaRuleScratch {
   void reserve(int dk, int dv) {
     const std::size_t c = chunk;
     gamma.resize(c);
+    eg.resize(c);
+    el.resize(c);
     A.resize(c * c);
     QK.resize(c * c);
     U.resize(c * static_cast<std::size_t>(dv));
     W.resize(c * static_cast<std::size_t>(dk));
   }
-  std::vector<float> gamma, A, QK, U, W;
+  std::vector<float> gamma, eg, el, A, QK, U, W;
 };
 
+// The chunk's matrix products run as small register-blocked GEMMs (vec::gemm_bcast); only the
+// forward substitution is row by row.
 inline void delta_rule_chunked(const DeltaRuleInput& in, std::int64_t n, float* S, float* o, std::int64_t o_stride,
                                DeltaRuleScratch& ws) {
   const int dk = in.dk, dv = in.dv;
   constexpr int C = DeltaRuleScratch::chunk;
   float* gamma = ws.gamma.data();
+  float* eg = ws.eg.data();  // exp(γ_i)
+  float* el = ws.el.data();  // exp(γ_last − γ_j)
   float* A = ws.A.data();
   float* QK = ws.QK.data();
   float* U = ws.U.data();  // becomes Vn in place
   float* W = ws.W.data();
-  const auto dot = [](const float* x, const float* y, int len) {
-    float s = 0.0f;
-    for (int i = 0; i < len; ++i) s += x[i] * y[i];
-    return s;
-  };
   for (std::int64_t c0 = 0; c0 < n; c0 += C) {
     const int m = static_cast<int>(std::min<std::int64_t>(C, n - c0));
     const auto q = [&](int i) { return in.q + (c0 + i) * in.q_stride; };
@@ -102,78 +109,44 @@ inline void delta_rule_chunked(const DeltaRuleInput& in, std::int64_t n, float* 
     const auto v = [&](int i) { return in.v + (c0 + i) * in.v_stride; };
     const float* g = in.g + c0;
     const float* beta = in.beta + c0;
+    float* out0 = o + c0 * o_stride;
 
     float acc = 0.0f;
     for (int i = 0; i < m; ++i) gamma[i] = acc += g[i];
+    for (int i = 0; i < m; ++i) {
+      eg[i] = std::exp(gamma[i]);
+      el[i] = std::exp(gamma[m - 1] - gamma[i]);
+    }
 
-    // Strictly lower A and causal Q·Kᵀ (diagonal included), both with the decay Γ.
+    // Strictly lower A and causal Q·Kᵀ (diagonal included, zero above), both with the decay Γ.
     for (int i = 0; i < m; ++i) {
       for (int j = 0; j <= i; ++j) {
         const float decay = std::exp(gamma[i] - gamma[j]);
-        if (j < i) A[i * C + j] = beta[i] * dot(k(i), k(j), dk) * decay;
-        QK[i * C + j] = dot(q(i), k(j), dk) * decay;
+        if (j < i) A[i * C + j] = beta[i] * cpu::vec::dot(k(i), k(j), dk) * decay;
+        QK[i * C + j] = cpu::vec::dot(q(i), k(j), dk) * decay;
       }
+      for (int j = i + 1; j < m; ++j) QK[i * C + j] = 0.0f;
     }
-    // Forward substitution: U = T⁻¹(β ⊙ V), W = T⁻¹(β ⊙ exp(γ) ⊙ K).
+    // Forward substitution: U = T⁻¹(β ⊙ V), W = T⁻¹(β ⊙ exp(γ) ⊙ K), one row at a time.
     for (int i = 0; i < m; ++i) {
       float* u = U + static_cast<std::int64_t>(i) * dv;
       float* w = W + static_cast<std::int64_t>(i) * dk;
       const float bi = beta[i];
-      const float bei = beta[i] * std::exp(gamma[i]);
+      const float bei = beta[i] * eg[i];
       for (int b = 0; b < dv; ++b) u[b] = bi * v(i)[b];
       for (int a = 0; a < dk; ++a) w[a] = bei * k(i)[a];
-      for (int j = 0; j < i; ++j) {
-        const float aij = A[i * C + j];
-        const float* uj = U + static_cast<std::int64_t>(j) * dv;
-        const float* wj = W + static_cast<std::int64_t>(j) * dk;
-        for (int b = 0; b < dv; ++b) u[b] -= aij * uj[b];
-        for (int a = 0; a < dk; ++a) w[a] -= aij * wj[a];
-      }
+      const float* ai = A + i * C;
+      cpu::vec::gemm_bcast(1, dv, i, [&](int, int j) { return -ai[j]; }, U, dv, u, dv, true);
+      cpu::vec::gemm_bcast(1, dk, i, [&](int, int j) { return -ai[j]; }, W, dk, w, dk, true);
     }
-    // Vn = U − W·S (in place in U), and the inter-chunk output (exp(γ) ⊙ Q)·S.
-    for (int i = 0; i < m; ++i) {
-      float* u = U + static_cast<std::int64_t>(i) * dv;
-      const float* w = W + static_cast<std::int64_t>(i) * dk;
-      float* out = o + (c0 + i) * o_stride;
-      const float eg = std::exp(gamma[i]);
-      const float* qi = q(i);
-      std::fill(out, out + dv, 0.0f);
-      for (int a = 0; a < dk; ++a) {
-        const float* row = S + static_cast<std::int64_t>(a) * dv;
-        const float wa = w[a];
-        const float qa = qi[a] * eg;
-        for (int b = 0; b < dv; ++b) {
-          u[b] -= wa * row[b];
-          out[b] += qa * row[b];
-        }
-      }
-    }
-    // Intra-chunk output.
-    for (int i = 0; i < m; ++i) {
-      float* out = o + (c0 + i) * o_stride;
-      for (int j = 0; j <= i; ++j) {
-        const float s = QK[i * C + j];
-        const float* vn = U + static_cast<std::int64_t>(j) * dv;
-        for (int b = 0; b < dv; ++b) out[b] += s * vn[b];
-      }
-    }
-    // State update.
-    const float last = gamma[m - 1];
-    const float chunk_decay = std::exp(last);
-    for (int a = 0; a < dk; ++a) {
-      float* row = S + static_cast<std::int64_t>(a) * dv;
-      for (int b = 0; b < dv; ++b) row[b] *= chunk_decay;
-    }
-    for (int j = 0; j < m; ++j) {
-      const float* kj = k(j);
-      const float e = std::exp(last - gamma[j]);
-      const float* vn = U + static_cast<std::int64_t>(j) * dv;
-      for (int a = 0; a < dk; ++a) {
-        float* row = S + static_cast<std::int64_t>(a) * dv;
-        const float ka = kj[a] * e;
-        for (int b = 0; b < dv; ++b) row[b] += ka * vn[b];
-      }
-    }
+    // Inter-chunk output (exp(γ) ⊙ Q)·S, then Vn = U − W·S in place.
+    cpu::vec::gemm_bcast(m, dv, dk, [&](int i, int a) { return q(i)[a] * eg[i]; }, S, dv, out0, o_stride, false);
+    cpu::vec::gemm_bcast(m, dv, dk, [&](int i, int a) { return -W[i * dk + a]; }, S, dv, U, dv, true);
+    // Intra-chunk output: O += (Q·Kᵀ ⊙ Γ ⊙ causal)·Vn.
+    cpu::vec::gemm_bcast(m, dv, m, [&](int i, int j) { return QK[i * C + j]; }, U, dv, out0, o_stride, true);
+    // State update: S ← exp(γ_last)·S + (exp(γ_last − γ) ⊙ K)ᵀ·Vn.
+    cpu::vec::gemm_bcast(dk, dv, m, [&](int a, int j) { return k(j)[a] * el[j]; }, U, dv, S, dv, true,
+                         std::exp(gamma[m - 1]));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "gdn/backend/cpu/vec_math.hpp"
 #include "gdn/layers/activations.hpp"
 
 namespace gdn::layers {
@@ -34,7 +35,7 @@ inline void rms_norm(const float* x, const float* scale, float* y, std::int64_t 
 // Gated convention: norm first, then the plain weight, then the SiLU gate.
 inline void rms_norm_gated(const float* x, const float* z, const float* w, float* y, std::int64_t n, float eps) {
   const float r = inverse_rms(x, n, eps);
-  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * r * w[i] * silu(z[i]);
+  cpu::vec::scale_silu_gate(x, r, w, z, y, n);
 }
 
 }  // namespace gdn::layers

@@ -2,6 +2,7 @@
 // A Batch lists which sequences advance by which tokens in one step, and which positions want
 // logits. The host owns batching: a step may mix a 500-token prompt for one sequence with single
 // decode tokens for others. Positions are implicit: a sequence's tokens continue where it stands.
+// Thread safety: plain data; one thread fills it, and a Batch not being modified may be read by any.
 
 #include <cstdint>
 #include <span>

@@ -5,6 +5,7 @@
 // seeded RNG, so the same seed gives the same text on every machine. temperature == 0 is greedy
 // (argmax after penalties). sample_batch() samples many sequences, each with its own settings, in
 // one parallel pass.
+// Thread safety: a Sampler (its history and RNG) is used by one thread at a time; keep one per sequence.
 
 #include <cstdint>
 #include <span>

@@ -15,6 +15,7 @@
 // Adaptive k: acceptance and the wall time of rounds at each k are measured as decoding goes, and
 // k is chosen to maximise tokens per second — down to k = 0, plain decoding, when drafting does not
 // pay (the MTP layer is then caught up in batches, which costs almost nothing).
+// Thread safety: a SpeculativeDecoder drives one Context and has its Context's rule: one thread at a time.
 
 #include <chrono>
 #include <cstdint>

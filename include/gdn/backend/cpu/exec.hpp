@@ -4,6 +4,7 @@
 // owns a contiguous run of rows (a Segment) at consecutive positions.
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <vector>
 
@@ -26,6 +27,7 @@ struct ThreadScratch {
   layers::DeltaRuleScratch delta;
   std::vector<float> state;   // one head's recurrent state widened to float (bf16 state)
   std::vector<float> scores;  // attention scores over a sequence's positions
+  LinearWorkspace linear;     // packed activations of a projection (used by the calling thread, index 0)
 };
 
 struct Exec {
@@ -34,7 +36,21 @@ struct Exec {
 
   void linear(const LinearWeight& w, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
               std::int64_t ldy) {
-    cpu::linear(pool, w.w, x, ldx, rows, y, ldy);
+    cpu::linear(pool, threads[0].linear, w.w, x, ldx, rows, y, ldy);
+  }
+
+  // Projections of the same input in one pass over their weights (see linear_multi).
+  struct Out {
+    const LinearWeight& w;
+    float* y;
+    std::int64_t ldy;
+  };
+  void linear(std::initializer_list<Out> outs, const float* x, std::int64_t ldx, std::int64_t rows) {
+    LinearPart parts[8];
+    std::size_t n = 0;
+    for (const auto& o : outs)
+      if (!o.w.w.empty()) parts[n++] = LinearPart{&o.w.w, o.y, o.ldy};
+    cpu::linear_multi(pool, threads[0].linear, std::span<const LinearPart>(parts, n), x, ldx, rows);
   }
 };
 

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Plots a `gdn bench --json` result (with its llama.cpp peer, if present) to a PNG.
+
+usage: plot.py BENCH.json OUT.png
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    r = json.load(open(sys.argv[1]))
+    peer = r.get("llama_cpp") if isinstance(r.get("llama_cpp"), dict) and "decode" in r.get("llama_cpp", {}) else None
+    fig, ax = plt.subplots(1, 4, figsize=(17, 4.2))
+    ours, theirs, roof = "#1f77b4", "#ff7f0e", "#7f7f7f"
+
+    # Decode at batch 1 against the roofline.
+    names, vals, cols = ["roofline"], [r["roofline_tok_s"]], [roof]
+    names.append("libgdn"); vals.append(r["decode"]["tok_s"]); cols.append(ours)
+    if peer:
+        names.append("llama.cpp"); vals.append(peer["decode"]["tok_s"]); cols.append(theirs)
+    ax[0].bar(names, vals, color=cols)
+    for i, v in enumerate(vals):
+        ax[0].text(i, v, f"{v:.2f}\n({100 * v / r['roofline_tok_s']:.0f}%)", ha="center", va="bottom", fontsize=8)
+    ax[0].set_title(f"decode, batch 1 (tok/s)\nroofline = {r['bandwidth']['median_gb_s']:.1f} GB/s ÷ "
+                    f"{r['weight_bytes_per_token'] / 1e9:.2f} GB", fontsize=9)
+    ax[0].set_ylim(0, max(vals) * 1.3)
+
+    # Prefill.
+    names, vals, cols = ["libgdn"], [r["prefill"]["tok_s"]], [ours]
+    if peer:
+        names.append("llama.cpp"); vals.append(peer["prefill"]["tok_s"]); cols.append(theirs)
+    ax[1].bar(names, vals, color=cols)
+    for i, v in enumerate(vals):
+        ax[1].text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+    ax[1].set_title(f"prefill, {r['prefill']['tokens']}-token prompt (tok/s)", fontsize=9)
+    ax[1].set_ylim(0, max(vals) * 1.2)
+
+    # Batch scaling.
+    if "batch_decode" in r:
+        b = [x["batch"] for x in r["batch_decode"]]
+        ax[2].plot(b, [x["tok_s"] for x in r["batch_decode"]], "o-", color=ours, label="libgdn")
+        if peer and "batch_decode" in peer:
+            ax[2].plot([x["batch"] for x in peer["batch_decode"]], [x["tok_s"] for x in peer["batch_decode"]], "s-",
+                       color=theirs, label="llama.cpp")
+        base = r["batch_decode"][0]["tok_s"] / r["batch_decode"][0]["batch"]
+        ax[2].plot(b, [base * x for x in b], ":", color=roof, label="linear in batch")
+        ax[2].set_xscale("log", base=2)
+        ax[2].set_yscale("log")
+        ax[2].set_xticks(b, [str(x) for x in b])
+        ax[2].set_xlabel("sequences per step")
+        ax[2].set_title("aggregate decode (tok/s)", fontsize=9)
+        ax[2].legend(fontsize=8)
+
+    # Context scaling.
+    if "context_decode" in r:
+        c = [x["context"] for x in r["context_decode"]]
+        ax[3].plot(c, [x["ms_per_token"] for x in r["context_decode"]], "o-", color=ours, label="libgdn")
+        if peer and "context_decode" in peer:
+            ax[3].plot([x["context"] for x in peer["context_decode"]], [1e3 / x["tok_s"] for x in peer["context_decode"]],
+                       "s-", color=theirs, label="llama.cpp")
+        ax[3].axhline(1e3 / r["roofline_tok_s"], ls=":", color=roof, label="weights roofline")
+        ax[3].set_xscale("log", base=2)
+        ax[3].set_xticks(c, [str(x) for x in c])
+        ax[3].set_xlabel("context length (tokens)")
+        ax[3].set_title("decode cost, batch 1 (ms/token)", fontsize=9)
+        ax[3].set_ylim(0, None)
+        ax[3].legend(fontsize=8)
+
+    fig.suptitle(f"{r['model_dir'].rstrip('/').split('/')[-1]} (random bf16 weights), {r['threads']} threads, "
+                 f"kernel {r['kernel']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(sys.argv[2], dpi=110)
+    print(f"wrote {sys.argv[2]}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

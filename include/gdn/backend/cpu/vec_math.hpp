@@ -1,0 +1,218 @@
+#pragma once
+// Vectorised float helpers for the CPU layers: dot products, axpy, and exp / SiLU / sigmoid over
+// arrays. Compiled for the vector unit the translation unit targets (AVX-512 or AVX2 with
+// GDN_NATIVE, else plain loops the compiler may vectorise).
+//
+// Every function is a fixed sequence of operations for a given length, so a row's result never
+// depends on which other rows are processed with it. exp is the Cephes single-precision
+// polynomial (≤ 2 ulp on its range, clamped to [-87.3, 88.7] like expf's finite range); SiLU and
+// sigmoid use it in the forms torch uses, x / (1 + e^-x) and 1 / (1 + e^-x).
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace gdn::cpu::vec {
+
+#if defined(__AVX512F__)
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+inline float exp1(float x) {
+  x = std::fmin(std::fmax(x, -87.33654f), 88.72283f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p * r, r, r + 1.0f);
+  return std::ldexp(p, static_cast<int>(n));
+}
+
+// x[i] = exp(x[i] - shift); returns the sum of the results (fixed order).
+inline float exp_shift_sum(float* x, std::int64_t n, float shift) {
+  std::int64_t i = 0;
+  float total = 0.0f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  const __m512 s = _mm512_set1_ps(shift);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+    _mm512_storeu_ps(x + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(m, e));
+    i = n;
+  }
+  total = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < n; ++i) total += x[i] = exp1(x[i] - shift);
+  return total;
+}
+
+// g[i] = silu(g[i]) * u[i]  (SwiGLU)
+inline void silu_mul(float* g, const float* u, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    _mm512_storeu_ps(g + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < n; ++i) g[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+}
+
+// x[i] = silu(x[i])
+inline void silu_inplace(float* x, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    _mm512_storeu_ps(x + i, _mm512_div_ps(v, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v)))));
+  }
+#endif
+  for (; i < n; ++i) x[i] = x[i] / (1.0f + exp1(-x[i]));
+}
+
+// o[i] *= sigmoid(gate[i])
+inline void mul_sigmoid(float* o, const float* gate, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 z = _mm512_loadu_ps(gate + i);
+    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), z))));
+    _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_loadu_ps(o + i), s));
+  }
+#endif
+  for (; i < n; ++i) o[i] *= 1.0f / (1.0f + exp1(-gate[i]));
+}
+
+// y[i] = x[i] * r * w[i] * silu(z[i])  (the GDN gated norm, after its rms factor r)
+inline void scale_silu_gate(const float* x, float r, const float* w, const float* z, float* y, std::int64_t n) {
+  std::int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.0f), rv = _mm512_set1_ps(r);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 zz = _mm512_loadu_ps(z + i);
+    const __m512 s = _mm512_div_ps(zz, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), zz))));
+    const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), rv), _mm512_loadu_ps(w + i)), s);
+    _mm512_storeu_ps(y + i, v);
+  }
+#endif
+  for (; i < n; ++i) y[i] = x[i] * r * w[i] * (z[i] / (1.0f + exp1(-z[i])));
+}
+
+// Σ a[i]·b[i] in a fixed order (4 interleaved 16-lane partial sums on AVX-512).
+inline float dot(const float* a, const float* b, std::int64_t n) {
+  std::int64_t i = 0;
+  float total = 0.0f;
+#if defined(__AVX512F__)
+  __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (; i + 64 <= n; i += 64) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+    s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+  }
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    i = n;
+  }
+  total = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+#else
+  float lanes[16] = {};
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) lanes[j] += a[i + j] * b[i + j];
+  for (int j = 0; j < 16; ++j) total += lanes[j];
+#endif
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+// y[i] += a · x[i]
+inline void axpy(float* y, float a, const float* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+inline void scale(float* y, float a, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+// C[i][n] = (accumulate ? cscale·C[i][n] : 0) + Σ_k a(i, k)·B[k][n] for i < M, n < N: a small
+// register-blocked matrix product (4 rows × 64 columns of accumulators) for the chunked delta
+// rule, where A's elements come from a functor (strided, scaled or masked views need no copy).
+// Each C element sums k in order; results depend only on the operands, not on M.
+template <typename AF>
+inline void gemm_bcast(int M, int N, int K, AF&& a, const float* B, std::int64_t ldb, float* C, std::int64_t ldc,
+                       bool accumulate, float cscale = 1.0f) {
+#if defined(__AVX512F__)
+  const auto block = [&]<int MI, int NB>(int i0, int n0) {
+    __m512 acc[MI][NB];
+    for (int i = 0; i < MI; ++i)
+      for (int v = 0; v < NB; ++v)
+        acc[i][v] = accumulate ? _mm512_mul_ps(_mm512_loadu_ps(C + (i0 + i) * ldc + n0 + 16 * v), _mm512_set1_ps(cscale))
+                               : _mm512_setzero_ps();
+    for (int k = 0; k < K; ++k) {
+      __m512 b[NB];
+      for (int v = 0; v < NB; ++v) b[v] = _mm512_loadu_ps(B + k * ldb + n0 + 16 * v);
+      for (int i = 0; i < MI; ++i) {
+        const __m512 av = _mm512_set1_ps(a(i0 + i, k));
+        for (int v = 0; v < NB; ++v) acc[i][v] = _mm512_fmadd_ps(av, b[v], acc[i][v]);
+      }
+    }
+    for (int i = 0; i < MI; ++i)
+      for (int v = 0; v < NB; ++v) _mm512_storeu_ps(C + (i0 + i) * ldc + n0 + 16 * v, acc[i][v]);
+  };
+  const auto rows = [&]<int NB>(int n0) {
+    int i = 0;
+    for (; i + 4 <= M; i += 4) block.template operator()<4, NB>(i, n0);
+    for (; i < M; ++i) block.template operator()<1, NB>(i, n0);
+  };
+  int n = 0;
+  for (; n + 64 <= N; n += 64) rows.template operator()<4>(n);
+  for (; n + 16 <= N; n += 16) rows.template operator()<1>(n);
+#else
+  int n = 0;
+#endif
+  if (n < N) {
+    for (int i = 0; i < M; ++i)
+      for (int c = n; c < N; ++c) {
+        float acc = accumulate ? cscale * C[i * ldc + c] : 0.0f;
+        for (int k = 0; k < K; ++k) acc += a(i, k) * B[k * ldb + c];
+        C[i * ldc + c] = acc;
+      }
+  }
+}
+
+}  // namespace gdn::cpu::vec

@@ -1,0 +1,682 @@
+// gdn bench: CPU speed against the memory-bandwidth limit, and against llama.cpp, in one run.
+//
+//   gdn bench [--model DIR | --shape 0.8b|2b] [--cache DIR] [--threads N] [--runs N]
+//             [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]
+//             [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]
+//
+// Without --model it generates (once, cached under --cache, default build/bench-models/) a
+// random-weight bf16 checkpoint with the exact tensor shapes of Qwen3.5-0.8B (or 2B), written in
+// the Hugging Face layout (config.json + model.safetensors). Then, in one process:
+//   - the machine's memory read bandwidth (STREAM-style sum over a buffer far larger than the
+//     caches, all threads), and the decode roofline = weight bytes read per token / bandwidth;
+//   - batch-1 decode tokens/s (median of --runs runs after a warm-up) and its fraction of the roofline;
+//   - prefill tokens/s for a --prompt-tokens prompt;
+//   - aggregate decode tokens/s at each batch size, decode cost at each context length;
+//   - peak RSS, GDN state bytes per sequence, KV bytes per token, heap allocations per decode step.
+// With --peer-python, it also runs bench/peer.py (llama.cpp through llama-cpp-python, on the
+// same weights converted to a bf16 GGUF) with the same threads and token counts, and prints the
+// ratios ours / llama.cpp.
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <new>
+#include <numeric>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "gdn/backend/cpu/linear.hpp"
+#include "gdn/gdn.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+// GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsics as uninitialised.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// The replacement operator new below allocates with malloc, so free() is the matching release.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+// --- heap allocation counter (the idea of tests/test_no_alloc.cpp): every operator new of this
+// process is counted while `g_counting` is set.
+namespace {
+std::atomic<long> g_allocations{0};
+std::atomic<bool> g_counting{false};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t al = static_cast<std::size_t>(a);
+  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace gdn::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<int> parse_ints(std::string_view s) {
+  std::vector<int> out;
+  while (!s.empty()) {
+    const auto comma = s.find(',');
+    out.push_back(std::atoi(std::string(s.substr(0, comma)).c_str()));
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+long peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss * 1024L;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Random-weight checkpoint with the shapes of a real model.
+
+struct Shape {
+  std::string name;
+  int layers, hidden, q_heads, kv_heads, head_dim, ffn, lin_k_heads, lin_v_heads, lin_dim, vocab;
+  bool tied;
+};
+
+Shape shape_for(std::string_view name) {
+  // Qwen3.5-0.8B and -2B (shared/spec/qwen3_5-detailed.md §1.2): every 4th layer full attention.
+  if (name == "0.8b") return {"qwen3.5-0.8b", 24, 1024, 8, 2, 256, 3584, 16, 16, 128, 248320, true};
+  if (name == "2b") return {"qwen3.5-2b", 24, 2048, 8, 2, 256, 6144, 16, 16, 128, 248320, true};
+  // A tiny shape for smoke tests of the tool itself.
+  if (name == "tiny") return {"tiny", 4, 128, 2, 1, 64, 256, 2, 2, 32, 512, true};
+  throw Error(Status::invalid_argument, fmt::format("--shape: '{}' is not 0.8b, 2b or tiny", name));
+}
+
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    std::vector<std::int64_t> shape;
+    int kind;  // 0 matrix (normal), 1 zero-centred norm (zeros), 2 ones, 3 A_log, 4 conv, 5 dt_bias
+    double std;
+  };
+  void add(std::string name, std::vector<std::int64_t> shape, int kind, double std = 0.0) {
+    entries_.push_back({std::move(name), std::move(shape), kind, std});
+  }
+  void write(const std::filesystem::path& file, std::uint64_t seed) const {
+    json header = json::object();
+    header["__metadata__"] = {{"format", "pt"}};
+    std::uint64_t off = 0;
+    for (const auto& e : entries_) {
+      const std::uint64_t n = numel(e) * 2;
+      header[e.name] = {{"dtype", "BF16"}, {"shape", e.shape}, {"data_offsets", {off, off + n}}};
+      off += n;
+    }
+    std::string h = header.dump();
+    while ((h.size() + 8) % 8) h.push_back(' ');
+    std::FILE* f = std::fopen(file.c_str(), "wb");
+    if (!f) throw Error(Status::io_error, fmt::format("cannot write {}", file.string()));
+    const std::uint64_t hn = h.size();
+    std::fwrite(&hn, 8, 1, f);
+    std::fwrite(h.data(), 1, h.size(), f);
+    std::vector<std::uint16_t> buf(1 << 20);
+    std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+    auto next = [&state] {  // xorshift64*
+      state ^= state >> 12;
+      state ^= state << 25;
+      state ^= state >> 27;
+      return state * 0x2545F4914F6CDD1Dull;
+    };
+    auto uniform = [&] { return static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); };  // [0, 1)
+    for (const auto& e : entries_) {
+      std::uint64_t left = numel(e);
+      while (left > 0) {
+        const std::size_t m = static_cast<std::size_t>(std::min<std::uint64_t>(left, buf.size()));
+        for (std::size_t i = 0; i < m; ++i) {
+          float v = 0.0f;
+          switch (e.kind) {
+            case 0: v = static_cast<float>((2.0 * uniform() - 1.0) * e.std * std::sqrt(3.0)); break;  // uniform, same std
+            case 1: v = 0.0f; break;
+            case 2: v = 1.0f; break;
+            case 3: v = std::log(1.0f + 15.0f * uniform()); break;  // HF init: A ~ U(1, 16)... log
+            case 4: v = static_cast<float>((2.0 * uniform() - 1.0) * 0.5); break;
+            case 5: v = 1.0f; break;
+          }
+          buf[i] = to_bf16(v).bits;
+        }
+        std::fwrite(buf.data(), 2, m, f);
+        left -= m;
+      }
+    }
+    if (std::fclose(f) != 0) throw Error(Status::io_error, fmt::format("cannot write {}", file.string()));
+  }
+
+ private:
+  static std::uint64_t numel(const Entry& e) {
+    std::uint64_t n = 1;
+    for (auto d : e.shape) n *= static_cast<std::uint64_t>(d);
+    return n;
+  }
+  std::vector<Entry> entries_;
+};
+
+void make_checkpoint(const Shape& s, const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  json layer_types = json::array();
+  for (int l = 0; l < s.layers; ++l) layer_types.push_back((l + 1) % 4 == 0 ? "full_attention" : "linear_attention");
+  const json config = {
+      {"architectures", {"Qwen3_5ForCausalLM"}},
+      {"model_type", "qwen3_5_text"},
+      {"attention_bias", false},
+      {"dtype", "bfloat16"},
+      {"eos_token_id", std::min(248044, s.vocab - 1)},
+      {"head_dim", s.head_dim},
+      {"hidden_act", "silu"},
+      {"hidden_size", s.hidden},
+      {"initializer_range", 0.02},
+      {"intermediate_size", s.ffn},
+      {"layer_types", layer_types},
+      {"full_attention_interval", 4},
+      {"linear_conv_kernel_dim", 4},
+      {"linear_key_head_dim", s.lin_dim},
+      {"linear_num_key_heads", s.lin_k_heads},
+      {"linear_num_value_heads", s.lin_v_heads},
+      {"linear_value_head_dim", s.lin_dim},
+      {"max_position_embeddings", 262144},
+      {"num_attention_heads", s.q_heads},
+      {"num_hidden_layers", s.layers},
+      {"num_key_value_heads", s.kv_heads},
+      {"rms_norm_eps", 1e-6},
+      {"rope_parameters",
+       {{"mrope_interleaved", true}, {"mrope_section", {11, 11, 10}}, {"partial_rotary_factor", 0.25},
+        {"rope_theta", 10000000.0}, {"rope_type", "default"}}},
+      {"tie_word_embeddings", s.tied},
+      {"vocab_size", s.vocab},
+      {"mamba_ssm_dtype", "float32"},
+  };
+  SafetensorsWriter w;
+  const std::int64_t H = s.hidden;
+  const double std_w = 0.02;
+  w.add("model.embed_tokens.weight", {s.vocab, H}, 0, std_w);
+  const std::int64_t key_dim = std::int64_t{s.lin_k_heads} * s.lin_dim, val_dim = std::int64_t{s.lin_v_heads} * s.lin_dim;
+  const std::int64_t conv_dim = 2 * key_dim + val_dim;
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    w.add(p + "input_layernorm.weight", {H}, 1);
+    w.add(p + "post_attention_layernorm.weight", {H}, 1);
+    if ((l + 1) % 4 == 0) {
+      const std::int64_t qd = std::int64_t{s.q_heads} * s.head_dim, kvd = std::int64_t{s.kv_heads} * s.head_dim;
+      w.add(p + "self_attn.q_proj.weight", {2 * qd, H}, 0, std_w);
+      w.add(p + "self_attn.k_proj.weight", {kvd, H}, 0, std_w);
+      w.add(p + "self_attn.v_proj.weight", {kvd, H}, 0, std_w);
+      w.add(p + "self_attn.o_proj.weight", {H, qd}, 0, std_w);
+      w.add(p + "self_attn.q_norm.weight", {s.head_dim}, 1);
+      w.add(p + "self_attn.k_norm.weight", {s.head_dim}, 1);
+    } else {
+      w.add(p + "linear_attn.in_proj_qkv.weight", {conv_dim, H}, 0, std_w);
+      w.add(p + "linear_attn.in_proj_z.weight", {val_dim, H}, 0, std_w);
+      w.add(p + "linear_attn.in_proj_b.weight", {s.lin_v_heads, H}, 0, std_w);
+      w.add(p + "linear_attn.in_proj_a.weight", {s.lin_v_heads, H}, 0, std_w);
+      w.add(p + "linear_attn.conv1d.weight", {conv_dim, 1, 4}, 4);
+      w.add(p + "linear_attn.dt_bias", {s.lin_v_heads}, 5);
+      w.add(p + "linear_attn.A_log", {s.lin_v_heads}, 3);
+      w.add(p + "linear_attn.norm.weight", {s.lin_dim}, 2);
+      w.add(p + "linear_attn.out_proj.weight", {H, val_dim}, 0, std_w);
+    }
+    w.add(p + "mlp.gate_proj.weight", {s.ffn, H}, 0, std_w);
+    w.add(p + "mlp.up_proj.weight", {s.ffn, H}, 0, std_w);
+    w.add(p + "mlp.down_proj.weight", {H, s.ffn}, 0, std_w);
+  }
+  w.add("model.norm.weight", {H}, 1);
+  if (!s.tied) w.add("lm_head.weight", {s.vocab, H}, 0, std_w);
+  const auto tmp = dir / "model.safetensors.tmp";
+  w.write(tmp, 1234);
+  std::filesystem::rename(tmp, dir / "model.safetensors");
+  std::ofstream(dir / "config.json") << config.dump(2) << "\n";
+}
+
+// ------------------------------------------------------------------------------------------------
+// Memory read bandwidth: each thread sums its own contiguous part of a buffer much larger than the
+// last-level cache (STREAM's "sum" kernel, read-only, like a decode step's weight stream).
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) double sum_avx512(const float* p, std::int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  std::int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+#endif
+
+double sum_plain(const float* p, std::int64_t n) {
+  float a[8] = {};
+  for (std::int64_t i = 0; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) a[j] += p[i + j];
+  return std::accumulate(a, a + 8, 0.0);
+}
+
+struct Bandwidth {
+  double median_gbs = 0, best_gbs = 0;
+  std::int64_t bytes = 0;
+};
+
+Bandwidth measure_bandwidth(ThreadPool& pool, std::int64_t bytes, int runs) {
+  const std::int64_t n = bytes / 4 / 1024 * 1024;
+  float* buf = static_cast<float*>(std::aligned_alloc(64, static_cast<std::size_t>(n) * 4));
+  const int T = pool.size();
+  const std::int64_t per = n / T / 64 * 64;
+  // First touch by the thread that reads each part.
+  pool.parallel_for(T, 1, [&](std::int64_t t0, std::int64_t t1, int) {
+    for (std::int64_t t = t0; t < t1; ++t)
+      for (std::int64_t i = t * per; i < (t + 1) * per; ++i) buf[i] = 1.0f;
+  });
+#if defined(__x86_64__)
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+#endif
+  std::vector<double> sums(static_cast<std::size_t>(T));
+  std::vector<double> gbs;
+  for (int r = 0; r < runs + 1; ++r) {
+    const auto t0 = Clock::now();
+    pool.parallel_for(T, 1, [&](std::int64_t a, std::int64_t b, int) {
+      for (std::int64_t t = a; t < b; ++t) {
+#if defined(__x86_64__)
+        sums[static_cast<std::size_t>(t)] = avx512 ? sum_avx512(buf + t * per, per) : sum_plain(buf + t * per, per);
+#else
+        sums[static_cast<std::size_t>(t)] = sum_plain(buf + t * per, per);
+#endif
+      }
+    });
+    const double dt = seconds_since(t0);
+    if (r > 0) gbs.push_back(static_cast<double>(per * T * 4) / dt / 1e9);  // run 0 is a warm-up
+  }
+  volatile double sink = std::accumulate(sums.begin(), sums.end(), 0.0);
+  (void)sink;
+  std::free(buf);
+  return {median(gbs), *std::max_element(gbs.begin(), gbs.end()), per * T * 4};
+}
+
+// Bytes of weights one decode step streams: every projection of every layer, plus lm_head and one
+// embedding row.
+std::int64_t weight_bytes_per_token(const Model& m) {
+  const auto& w = m.weights();
+  std::int64_t b = 0;
+  auto add = [&](const LinearWeight& lw) {
+    if (!lw.w.empty()) b += static_cast<std::int64_t>(lw.w.nbytes());
+  };
+  for (const auto& l : w.layers) {
+    if (l.kind == LayerKind::linear_attention) {
+      for (const auto* lw : {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a,
+                             &l.gdn.in_proj_qkvz, &l.gdn.in_proj_ba, &l.gdn.out_proj})
+        add(*lw);
+    } else {
+      for (const auto* lw : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) add(*lw);
+    }
+    for (const auto* lw : {&l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj}) add(*lw);
+  }
+  add(w.lm_head);
+  b += static_cast<std::int64_t>(w.embed_tokens.nbytes() / static_cast<std::size_t>(w.embed_tokens.dim(0)));
+  return b;
+}
+
+// ------------------------------------------------------------------------------------------------
+
+struct Options {
+  std::string model;
+  std::string shape = "0.8b";
+  std::string cache = "build/bench-models";
+  int threads = 0;
+  int runs = 5;
+  int decode_tokens = 32;
+  int prompt_tokens = 512;
+  std::vector<int> batches = {1, 2, 4, 8, 16, 32};
+  std::vector<int> contexts = {512, 4096, 16384};
+  std::int64_t stream_bytes = std::int64_t{2} << 30;
+  std::string json_out;
+  std::string peer_python;
+  std::string peer_script = "bench/peer.py";
+  std::string peer_args;
+  bool quick = false;
+};
+
+std::vector<Token> random_tokens(std::size_t n, int vocab, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(0, std::min(vocab, 150000) - 1);
+  std::vector<Token> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+// Decodes `steps` tokens for each of `seqs` (already prefilled) and returns the seconds taken.
+// Counts the heap allocations made during the steps into *allocs.
+double decode_steps(Context& ctx, std::span<const SeqId> seqs, int steps, Batch& batch, long* allocs) {
+  const int V = ctx.model().config().vocab_size;
+  g_allocations = 0;
+  g_counting = true;
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) {
+    batch.clear();
+    for (std::size_t i = 0; i < seqs.size(); ++i) batch.add(seqs[i], static_cast<Token>((s * 7919 + i * 104729) % std::min(V, 150000)));
+    ctx.step(batch);
+  }
+  const double dt = seconds_since(t0);
+  g_counting = false;
+  if (allocs) *allocs += g_allocations.load();
+  return dt;
+}
+
+void prefill(Context& ctx, SeqId s, std::span<const Token> tokens, Batch& batch) {
+  batch.clear();
+  batch.add(s, tokens, LogitsFor::last);
+  ctx.step(batch);
+}
+
+int usage() {
+  std::fputs(
+      "usage: gdn bench [--model DIR | --shape 0.8b|2b] [--cache DIR] [--threads N] [--runs N]\n"
+      "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]\n"
+      "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
+      "                 [--peer-args 'ARGS']\n"
+      "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512\n"
+      "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n",
+      stderr);
+  return 2;
+}
+
+}  // namespace
+
+int bench(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines as they come, also through a pipe
+  Options o;
+  bool batches_set = false, contexts_set = false;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const bool v = i + 1 < argc;
+    if (a == "--model" && v) o.model = argv[++i];
+    else if (a == "--shape" && v) o.shape = argv[++i];
+    else if (a == "--cache" && v) o.cache = argv[++i];
+    else if (a == "--threads" && v) o.threads = std::atoi(argv[++i]);
+    else if (a == "--runs" && v) o.runs = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--decode-tokens" && v) o.decode_tokens = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--prompt-tokens" && v) o.prompt_tokens = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--batches" && v) { o.batches = parse_ints(argv[++i]); batches_set = true; }
+    else if (a == "--contexts" && v) { o.contexts = parse_ints(argv[++i]); contexts_set = true; }
+    else if (a == "--stream-mib" && v) o.stream_bytes = std::int64_t{std::atoi(argv[++i])} << 20;
+    else if (a == "--json" && v) o.json_out = argv[++i];
+    else if (a == "--peer-python" && v) o.peer_python = argv[++i];
+    else if (a == "--peer-script" && v) o.peer_script = argv[++i];
+    else if (a == "--peer-args" && v) o.peer_args = argv[++i];
+    else if (a == "--quick") o.quick = true;
+    else return usage();
+  }
+  if (o.quick) {
+    o.runs = 1;
+    o.decode_tokens = 4;
+    o.prompt_tokens = std::min(o.prompt_tokens, 64);
+    if (!batches_set) o.batches = {1, 4};
+    if (!contexts_set) o.contexts = {};
+    o.stream_bytes = std::min<std::int64_t>(o.stream_bytes, std::int64_t{256} << 20);
+  }
+
+  json out;
+  // The machine's load while we ran (other processes share the memory bus and the cores).
+  const auto loadavg = [] {
+    std::ifstream f("/proc/loadavg");
+    double a = 0.0;
+    f >> a;
+    return a;
+  };
+  out["loadavg_start"] = loadavg();
+  std::string dir = o.model;
+  if (dir.empty()) {
+    const Shape s = shape_for(o.shape);
+    dir = (std::filesystem::path(o.cache) / s.name).string();
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
+      fmt::print(stderr, "writing a random-weight {} checkpoint to {} ...\n", s.name, dir);
+      const auto t0 = Clock::now();
+      make_checkpoint(s, dir);
+      fmt::print(stderr, "  done in {:.1f} s\n", seconds_since(t0));
+    }
+  }
+  out["model_dir"] = dir;
+  auto model = Model::load(dir);
+  const auto& cfg = model->config();
+
+  ThreadPool bw_pool(o.threads);
+  const int threads = bw_pool.size();
+  out["threads"] = threads;
+  out["kernel"] = cpu::linear_kernel_name();
+  fmt::print("gdn bench: {} ({} layers, hidden {}, vocab {}), {} threads, kernel {}\n", dir, cfg.num_layers, cfg.hidden_size,
+             cfg.vocab_size, threads, cpu::linear_kernel_name());
+
+  // 1. Bandwidth and roofline.
+  const Bandwidth bw = measure_bandwidth(bw_pool, o.stream_bytes, std::max(o.runs, 3));
+  const std::int64_t wbytes = weight_bytes_per_token(*model);
+  const double roofline = bw.median_gbs * 1e9 / static_cast<double>(wbytes);
+  out["bandwidth"] = {{"median_gb_s", bw.median_gbs}, {"best_gb_s", bw.best_gbs}, {"buffer_bytes", bw.bytes}};
+  out["weight_bytes_per_token"] = wbytes;
+  out["roofline_tok_s"] = roofline;
+  fmt::print("read bandwidth       {:.2f} GB/s median ({:.2f} best) over {} MiB\n", bw.median_gbs, bw.best_gbs, bw.bytes >> 20);
+  fmt::print("weights per token    {:.1f} MB  ->  decode roofline {:.2f} tok/s\n", static_cast<double>(wbytes) / 1e6, roofline);
+
+  const int P = o.prompt_tokens, N = o.decode_tokens;
+  const auto prompt = random_tokens(static_cast<std::size_t>(P), cfg.vocab_size, 1);
+  long allocs = 0;
+  long alloc_steps = 0;
+
+  // 2. Batch-1 prefill and decode.
+  {
+    ContextParams p;
+    p.max_sequences = 1;
+    p.max_context = P + N * (o.runs + 1) + 8;
+    p.max_batch_tokens = std::max(P, 1);
+    p.threads = o.threads;
+    Context ctx(model, p);
+    const SeqId s = ctx.create_sequence();
+    Batch batch;
+    batch.reserve(4, static_cast<std::size_t>(P));
+    std::vector<double> pre, dec;
+    const SeqId seqs[1] = {s};
+    for (int r = 0; r < o.runs + 1; ++r) {  // run 0 is a warm-up (pages the weights in)
+      ctx.reset_sequence(s);
+      const auto t0 = Clock::now();
+      prefill(ctx, s, prompt, batch);
+      const double tp = seconds_since(t0);
+      const double td = decode_steps(ctx, seqs, N, batch, r > 0 ? &allocs : nullptr);
+      if (r > 0) {
+        pre.push_back(P / tp);
+        dec.push_back(N / td);
+        alloc_steps += N;
+      }
+    }
+    const double d = median(dec), pf = median(pre);
+    out["decode"] = {{"tok_s", d}, {"runs", dec}, {"tokens", N}, {"context", P}, {"fraction_of_roofline", d / roofline}};
+    out["prefill"] = {{"tok_s", pf}, {"runs", pre}, {"tokens", P}};
+    out["peak_rss_bytes_batch1"] = peak_rss_bytes();
+    out["gdn_state_bytes_per_sequence"] = ctx.gdn_state_bytes_per_sequence();
+    out["kv_bytes_per_token"] = ctx.kv_bytes_per_token();
+    fmt::print("prefill {:5d} tokens  {:.1f} tok/s (median of {})\n", P, pf, pre.size());
+    fmt::print("decode batch 1       {:.2f} tok/s (median of {} x {} tokens) = {:.1f}% of roofline\n", d, dec.size(), N,
+               100.0 * d / roofline);
+    fmt::print("state per sequence   {:.2f} MB GDN state + {} bytes KV per token\n",
+               static_cast<double>(ctx.gdn_state_bytes_per_sequence()) / 1e6, ctx.kv_bytes_per_token());
+  }
+
+  // 3. Aggregate decode throughput by batch size (short prompts; context ~64).
+  if (!o.batches.empty()) {
+    const int maxb = *std::max_element(o.batches.begin(), o.batches.end());
+    const int short_prompt = std::min(P, 64);
+    ContextParams p;
+    p.max_sequences = maxb;
+    p.max_context = short_prompt + N * (o.runs + 1) + 8;
+    p.max_batch_tokens = std::max(short_prompt * 4, maxb);
+    p.threads = o.threads;
+    Context ctx(model, p);
+    std::vector<SeqId> seqs;
+    Batch batch;
+    batch.reserve(static_cast<std::size_t>(maxb), static_cast<std::size_t>(short_prompt * maxb));
+    for (int i = 0; i < maxb; ++i) seqs.push_back(ctx.create_sequence());
+    json rows = json::array();
+    double base = 0.0;
+    for (const int B : o.batches) {
+      std::vector<double> agg;
+      // Each sequence gets the same short prompt once, then the runs decode on from there.
+      for (int i = 0; i < B; ++i) ctx.reset_sequence(seqs[static_cast<std::size_t>(i)]);
+      batch.clear();
+      for (int i = 0; i < B; ++i)
+        batch.add(seqs[static_cast<std::size_t>(i)], std::span(prompt).first(static_cast<std::size_t>(short_prompt)));
+      ctx.step(batch);
+      for (int r = 0; r < o.runs + 1; ++r) {
+        const double td = decode_steps(ctx, std::span(seqs).first(static_cast<std::size_t>(B)), N, batch,
+                                       r > 0 ? &allocs : nullptr);
+        if (r > 0) {
+          agg.push_back(static_cast<double>(B) * N / td);
+          alloc_steps += N;
+        }
+      }
+      const double a = median(agg);
+      if (B == 1) base = a;
+      rows.push_back({{"batch", B}, {"tok_s", a}, {"runs", agg}});
+      fmt::print("decode batch {:2d}      {:.2f} tok/s aggregate{}\n", B, a,
+                 base > 0 ? fmt::format("  ({:.2f}x batch 1)", a / base) : "");
+    }
+    out["batch_decode"] = rows;
+  }
+
+  // 4. Decode cost against context length.
+  if (!o.contexts.empty()) {
+    const int maxc = *std::max_element(o.contexts.begin(), o.contexts.end());
+    ContextParams p;
+    p.max_sequences = 1;
+    p.max_context = maxc + N * (o.runs + 1) + 8;
+    p.max_batch_tokens = 512;
+    p.threads = o.threads;
+    Context ctx(model, p);
+    const SeqId s = ctx.create_sequence();
+    Batch batch;
+    batch.reserve(4, static_cast<std::size_t>(maxc));
+    const SeqId seqs[1] = {s};
+    json rows = json::array();
+    for (const int L : o.contexts) {
+      const auto toks = random_tokens(static_cast<std::size_t>(L), cfg.vocab_size, 2);
+      ctx.reset_sequence(s);
+      const auto t0 = Clock::now();
+      prefill(ctx, s, toks, batch);
+      const double tp = seconds_since(t0);
+      std::vector<double> dec;
+      for (int r = 0; r < o.runs; ++r) {
+        dec.push_back(N / decode_steps(ctx, seqs, N, batch, &allocs));
+        alloc_steps += N;
+      }
+      const double d = median(dec);
+      rows.push_back({{"context", L}, {"tok_s", d}, {"ms_per_token", 1e3 / d}, {"runs", dec}, {"prefill_tok_s", L / tp}});
+      fmt::print("decode at context {:5d}  {:.2f} tok/s ({:.1f} ms/token); its prefill {:.1f} tok/s\n", L, d, 1e3 / d, L / tp);
+    }
+    out["context_decode"] = rows;
+  }
+
+  out["peak_rss_bytes"] = peak_rss_bytes();
+  out["loadavg_end"] = loadavg();
+  out["heap_allocations"] = {{"total", allocs}, {"decode_steps", alloc_steps},
+                             {"per_step", alloc_steps ? static_cast<double>(allocs) / static_cast<double>(alloc_steps) : 0.0}};
+  fmt::print("peak RSS             {:.0f} MiB ({:.0f} MiB after batch-1 runs)\n", out["peak_rss_bytes"].get<double>() / 1048576.0,
+             out["peak_rss_bytes_batch1"].get<double>() / 1048576.0);
+  fmt::print("heap allocations     {} in {} decode steps ({:.3f} per step)\n", allocs, alloc_steps,
+             out["heap_allocations"]["per_step"].get<double>());
+  fmt::print("load average         {:.2f} at start, {:.2f} at end (2 cores: other work shares them)\n",
+             out["loadavg_start"].get<double>(), out["loadavg_end"].get<double>());
+
+  // 5. The peer: llama.cpp on the same weights.
+  if (!o.peer_python.empty()) {
+    const std::string cmd = fmt::format("'{}' '{}' --model '{}' --threads {} --runs {} --decode-tokens {} --prompt-tokens {} "
+                                        "--batches {} {}",
+                                        o.peer_python, o.peer_script, dir, threads, o.runs, N, P,
+                                        fmt::format("{}", fmt::join(o.batches, ",")), o.peer_args);
+    fmt::print(stderr, "running the peer: {}\n", cmd);
+    std::fflush(stdout);
+    std::string text;
+    if (std::FILE* f = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      std::size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+      const int rc = pclose(f);
+      if (rc != 0) fmt::print(stderr, "the peer exited with status {}\n", rc);
+    }
+    const auto brace = text.rfind("\n{");
+    try {
+      const json peer = json::parse(brace == std::string::npos ? text : text.substr(brace + 1));
+      out["llama_cpp"] = peer;
+      const double ld = peer["decode"]["tok_s"].get<double>(), lp = peer["prefill"]["tok_s"].get<double>();
+      const double d = out["decode"]["tok_s"].get<double>(), pf = out["prefill"]["tok_s"].get<double>();
+      out["ratio"] = {{"decode", d / ld}, {"prefill", pf / lp}};
+      fmt::print("llama.cpp {}: decode {:.2f} tok/s, prefill {:.1f} tok/s ({}% of roofline at decode)\n",
+                 peer.value("version", std::string("?")), ld, lp, static_cast<int>(std::lround(100.0 * ld / roofline)));
+      fmt::print("ours / llama.cpp     decode {:.2f}x   prefill {:.2f}x\n", d / ld, pf / lp);
+      if (peer.contains("batch_decode") && out.contains("batch_decode")) {
+        json br = json::array();
+        for (const auto& row : out["batch_decode"])
+          for (const auto& prow : peer["batch_decode"])
+            if (prow["batch"] == row["batch"]) {
+              const double r = row["tok_s"].get<double>() / prow["tok_s"].get<double>();
+              br.push_back({{"batch", row["batch"]}, {"ratio", r}});
+              fmt::print("ours / llama.cpp     batch {:2d} decode {:.2f}x\n", row["batch"].get<int>(), r);
+            }
+        out["ratio"]["batch_decode"] = br;
+      }
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "could not read the peer's JSON ({}); its output was:\n{}\n", e.what(), text);
+      out["llama_cpp"] = {{"error", text}};
+    }
+  }
+
+  out["loadavg_after_peer"] = loadavg();
+  if (!o.json_out.empty()) {
+    std::ofstream(o.json_out) << out.dump(2) << "\n";
+    fmt::print(stderr, "wrote {}\n", o.json_out);
+  }
+  return 0;
+}
+
+}  // namespace gdn::cli
