@@ -6,7 +6,8 @@
 # the script; the input that caused it is kept as $GDN_FUZZ_BUILD/artifacts/<target>-crash-*, and
 # `$GDN_FUZZ_BUILD/bin/<target> <that file>` replays it.
 #
-#   scripts/fuzz.sh [SECONDS]         GDN_FUZZ_TARGETS="fuzz_config ..." runs only those
+#   scripts/fuzz.sh [SECONDS]         GDN_FUZZ_TARGETS="fuzz_config ..." runs only those;
+#                                     GDN_JOBS targets run at once (one core each)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
@@ -26,30 +27,49 @@ if ((${#need[@]})); then
 fi
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DGDN_CUDA=OFF -DGDN_FUZZ=ON \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DGDN_CUDA=OFF -DGDN_FUZZ=ON \
   -DGDN_BUILD_TESTS=OFF -DGDN_BUILD_TOOLS=OFF -DGDN_BUILD_EXAMPLES=OFF -DGDN_BUILD_PYTHON=OFF >/dev/null
 cmake --build "$build" -j "$jobs" --target gdn_fuzzers
 
 read -r -a targets <<< "${GDN_FUZZ_TARGETS:-$(tr '\n' ' ' < "$build/fuzz_targets.txt")}"
 mkdir -p "$build/artifacts" "$build/fuzz-logs"
-failed=0
-for t in "${targets[@]}"; do
+
+run_one() {  # target -> log; exit status of libFuzzer
+  local t=$1
   mkdir -p "$build/fuzz-corpus/$t"
-  log="$build/fuzz-logs/$t.log"
-  rc=0
   "$build/bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -dict="tests/fuzz/dicts/$t.dict" -artifact_prefix="$build/artifacts/$t-" \
-    "$build/fuzz-corpus/$t" "tests/fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
+    "$build/fuzz-corpus/$t" "tests/fuzz/corpus/$t" >"$build/fuzz-logs/$t.log" 2>&1
+}
+
+report() {  # target exit-status -> one line; returns 1 on a finding
+  local t=$1 rc=$2 log="$build/fuzz-logs/$1.log" status execs rate
   # The last status line carries coverage (cov), features (ft) and the corpus size.
   status=$(grep -E '^#[0-9]+' "$log" | tail -n 1 | sed -E 's/^#([0-9]+)\s+\S+\s+(cov: [0-9]+ ft: [0-9]+ corp: \S+).*/\2/' || true)
   execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log" || true)
   rate=$(sed -nE 's/^stat::average_exec_per_sec: *([0-9]+)/\1/p' "$log" || true)
   if [ "$rc" -ne 0 ]; then
-    failed=1
     echo "fuzz: $t FAILED (exit $rc) after ${execs:-?} runs; log: $log"
     grep -E 'ERROR|SUMMARY|fuzz check failed|runtime error|Test unit written|ParseDictionaryFile' "$log" | head -n 20 || true
-  else
-    echo "fuzz: $t ok: ${execs:-?} runs in ${secs}s (${rate:-?}/s), $status"
+    return 1
   fi
+  echo "fuzz: $t ok: ${execs:-?} runs in ${secs}s (${rate:-?}/s), $status"
+}
+
+failed=0
+pending=("${targets[@]}")
+while ((${#pending[@]})); do
+  batch=("${pending[@]:0:$jobs}")
+  pending=("${pending[@]:$jobs}")
+  pids=()
+  for t in "${batch[@]}"; do
+    run_one "$t" &
+    pids+=($!)
+  done
+  for i in "${!batch[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    report "${batch[$i]}" "$rc" || failed=1
+  done
 done
 exit "$failed"

@@ -19,7 +19,7 @@ asan_exclude='^(python_|example_python|examples_agree|install_consumer)'
 
 if [ "$what" = asan ] || [ "$what" = all ]; then
   build=${GDN_ASAN_BUILD:-build-asan}
-  flags="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
+  flags="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined"
   cmake -S . -B "$build" "${common[@]}" -DCMAKE_C_FLAGS_DEBUG="$flags" -DCMAKE_CXX_FLAGS_DEBUG="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" \
     >/dev/null
@@ -31,7 +31,7 @@ fi
 
 if [ "$what" = tsan ] || [ "$what" = all ]; then
   build=${GDN_TSAN_BUILD:-build-tsan}
-  flags="-O1 -g -fno-omit-frame-pointer -fsanitize=thread"
+  flags="-O1 -g1 -fno-omit-frame-pointer -fsanitize=thread"
   cmake -S . -B "$build" "${common[@]}" -DGDN_BUILD_EXAMPLES=OFF -DGDN_BUILD_TOOLS=OFF \
     -DCMAKE_C_FLAGS_DEBUG="$flags" -DCMAKE_CXX_FLAGS_DEBUG="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" >/dev/null

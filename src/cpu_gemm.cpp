@@ -15,6 +15,7 @@
 #include "gdn/core/error.hpp"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -47,6 +48,14 @@ bool amx_permitted() {
   constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
   return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
 }
+
+// CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE. Asked directly because older compilers
+// (clang 14) do not know these names in __builtin_cpu_supports.
+bool cpu_has_amx_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return (edx & (1u << 22)) != 0 && (edx & (1u << 24)) != 0;
+}
 #endif
 
 LinearKernel detect_kernel() {
@@ -58,8 +67,7 @@ LinearKernel detect_kernel() {
       __builtin_cpu_supports("avx512dq"))
     best = LinearKernel::avx512;
   if (best == LinearKernel::avx512 && __builtin_cpu_supports("avx512bf16")) best = LinearKernel::avx512bf16;
-  if (best == LinearKernel::avx512bf16 && __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-      amx_permitted())
+  if (best == LinearKernel::avx512bf16 && cpu_has_amx_bf16() && amx_permitted())
     best = LinearKernel::amx;
 #endif
   if (const char* env = std::getenv("GDN_CPU_KERNEL")) {
