@@ -897,10 +897,10 @@ TEST_CASE("docs/reliability.md lists every case of this file with its status", "
     for (auto& ch : status) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     INFO("case " << id << " (" << status << ")");
     CHECK(ids.insert(id).second);  // ids are unique
-    // Its table row: | `id` | status | ...
-    const auto row = doc.find("| `" + id + "` |");
+    // Its catalogue row, a line starting "| `id` | status |".
+    const auto row = doc.find("\n| `" + id + "` |");
     REQUIRE(row != std::string::npos);
-    const std::string line = doc.substr(row, doc.find('\n', row) - row);
+    const std::string line = doc.substr(row + 1, doc.find('\n', row + 1) - row - 1);
     CHECK_THAT(line, Catch::Contains("| " + status + " |"));
   }
   CHECK(ids.size() >= 40);
