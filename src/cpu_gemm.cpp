@@ -35,6 +35,24 @@
 namespace gdn::cpu {
 namespace {
 
+constexpr std::int64_t tile_u16 = 512;  // one AMX tile, 16 rows × 64 bytes, in uint16
+
+// Copies 16 rows × 32 columns of W (rows n0.., columns k0..) into a zero-padded tile image.
+inline void weight_tile_copy(const bf16* w, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t k0,
+                             std::uint16_t* t) {
+  std::memset(t, 0, tile_u16 * sizeof(std::uint16_t));
+  const std::int64_t nr = std::min<std::int64_t>(16, out_rows - n0), nk = std::min<std::int64_t>(32, in - k0);
+  for (std::int64_t n = 0; n < nr; ++n) std::memcpy(t + n * 32, w + (n0 + n) * in + k0, static_cast<std::size_t>(nk) * 2);
+}
+
+// Index of tile (row block rb of 16 rows, k step s) in a tile image: the two row blocks of each
+// block of 32 rows alternate step by step, so the kernel's pair of weight tiles at each step is
+// 2 KiB of contiguous memory and a block of 32 rows is one sequential stream.
+inline std::int64_t image_tile(std::int64_t rb, std::int64_t s, std::int64_t steps) {
+  return ((rb >> 1) * steps + s) * 2 + (rb & 1);
+}
+
+
 // Activations enter the bf16 kernels as this many bf16 parts (see split32).
 constexpr int split_parts = 3;
 
@@ -356,7 +374,6 @@ GDN_T_AMX void amx_configure() {
   configured = true;
 }
 
-constexpr std::int64_t tile_u16 = 512;  // one 16 × 64-byte tile, in uint16
 
 // Packs rows of x for groups [g0, g1): a group is split_parts runs of `steps` tiles (hi, mid, lo).
 GDN_T_AMX void pack_amx(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t in, std::int64_t steps,
@@ -379,18 +396,12 @@ GDN_T_AMX void pack_amx(const float* x, std::int64_t ldx, std::int64_t rows, std
   }
 }
 
-// Copies 16 rows × 32 columns of W (rows n0.., columns k0..) into a zero-padded tile image.
-inline void weight_tile_copy(const bf16* w, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t k0,
-                             std::uint16_t* t) {
-  std::memset(t, 0, tile_u16 * sizeof(std::uint16_t));
-  const std::int64_t nr = std::min<std::int64_t>(16, out_rows - n0), nk = std::min<std::int64_t>(32, in - k0);
-  for (std::int64_t n = 0; n < nr; ++n) std::memcpy(t + n * 32, w + (n0 + n) * in + k0, static_cast<std::size_t>(nk) * 2);
-}
-
 // (Tile numbers must be literals: the intrinsics paste them into the instruction.)
 #define GDN_AMX_LOAD_A(i, tile)                                                               \
   do {                                                                                        \
-    if (full[i] && s < full_steps) {                                                          \
+    if (image != nullptr) {                                                                   \
+      _tile_loadd(tile, image + image_tile((n0 >> 4) + (i), s, steps) * tile_u16, 64);        \
+    } else if (full[i] && s < full_steps) {                                                   \
       _tile_loadd(tile, w + (n0 + 16 * (i)) * in + s * 32, in * 2);                           \
     } else {                                                                                  \
       weight_tile_copy(w, in, out_rows, n0 + 16 * (i), s * 32, tmp[i]);                       \
@@ -409,9 +420,9 @@ constexpr std::int64_t kblock = 32;
 constexpr std::int64_t max_range_rows = 1024;
 
 template <int NA>
-GDN_T_AMX inline void amx_kblock(const bf16* w, std::int64_t in, std::int64_t out_rows, std::int64_t n0,
-                                 const std::uint16_t* b, std::int64_t steps, std::int64_t s0, std::int64_t s1,
-                                 float* cb) {
+GDN_T_AMX inline void amx_kblock(const bf16* w, const std::uint16_t* image, std::int64_t in, std::int64_t out_rows,
+                                 std::int64_t n0, const std::uint16_t* b, std::int64_t steps, std::int64_t s0,
+                                 std::int64_t s1, float* cb) {
   static_assert(split_parts == 3, "one B tile per part");
   alignas(64) std::uint16_t tmp[2][tile_u16];
   const bool full[2] = {n0 + 16 <= out_rows, n0 + 32 <= out_rows};
@@ -442,7 +453,7 @@ GDN_T_AMX inline void amx_kblock(const bf16* w, std::int64_t in, std::int64_t ou
 #undef GDN_AMX_LOAD_A
 
 // Rows [n0, n1) (at most max_range_rows) of one weight against every activation group.
-GDN_T_AMX void amx_range(const bf16* w, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t n1,
+GDN_T_AMX void amx_range(const bf16* w, const std::uint16_t* image, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t n1,
                          const std::uint16_t* xp, std::int64_t steps, std::int64_t rows, float* y, std::int64_t ldy) {
   amx_configure();
   alignas(64) thread_local float cbuf[max_range_rows * 16];  // C tiles of the range, [n][m] per 16 rows
@@ -453,8 +464,8 @@ GDN_T_AMX void amx_range(const bf16* w, std::int64_t in, std::int64_t out_rows, 
       const std::int64_t s1 = std::min(steps, s0 + kblock);
       for (std::int64_t n = n0; n < n1; n += 32) {
         float* cb = cbuf + (n - n0) * 16;
-        if (n + 16 < n1) amx_kblock<2>(w, in, out_rows, n, b, steps, s0, s1, cb);
-        else amx_kblock<1>(w, in, out_rows, n, b, steps, s0, s1, cb);
+        if (n + 16 < n1) amx_kblock<2>(w, image, in, out_rows, n, b, steps, s0, s1, cb);
+        else amx_kblock<1>(w, image, in, out_rows, n, b, steps, s0, s1, cb);
       }
     }
     // cbuf[(n − n0)·16 + m]: weight row n, activation row 16g + m.
@@ -577,7 +588,7 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
       const std::int64_t n0 = (b - starts[i]) * range_rows, n1 = std::min(out, n0 + range_rows);
       if (packed_part(k, W)) {
 #if GDN_X86
-        if (k == LinearKernel::amx) amx_range(W.as<bf16>(), in, out, n0, n1, xp, steps, rows, p.y, p.ldy);
+        if (k == LinearKernel::amx) amx_range(W.as<bf16>(), p.amx_tiles, in, out, n0, n1, xp, steps, rows, p.y, p.ldy);
         else block_bf16(W.as<bf16>(), in, kp, xp, rows, p.y, p.ldy, n0, n1);
 #endif
       } else {
@@ -591,6 +602,20 @@ void linear(ThreadPool& pool, LinearWorkspace& ws, const TensorView& W, const fl
             std::int64_t rows, float* y, std::int64_t ldy) {
   const LinearPart part{&W, y, ldy};
   linear_multi(pool, ws, std::span(&part, 1), x, ldx, rows);
+}
+
+std::size_t amx_tile_image_elements(std::int64_t out, std::int64_t in) noexcept {
+  return static_cast<std::size_t>(round_up(out, 32) * round_up(in, 32));
+}
+
+void pack_amx_tile_image(const TensorView& W, std::int64_t row0, std::int64_t row1, std::uint16_t* image) {
+  if (W.dtype != DType::bf16 || W.rank != 2) throw Error(Status::internal, "pack_amx_tile_image: a rank-2 bf16 weight expected");
+  const std::int64_t out = W.dim(0), in = W.dim(1), steps = round_up(in, 32) / 32;
+  // The last block of 32 rows includes its padding rows.
+  const std::int64_t rb1 = row1 >= out ? round_up(out, 32) / 16 : row1 / 16;
+  for (std::int64_t rb = row0 / 16; rb < rb1; ++rb)
+    for (std::int64_t s = 0; s < steps; ++s)
+      weight_tile_copy(W.as<bf16>(), in, out, rb * 16, s * 32, image + image_tile(rb, s, steps) * tile_u16);
 }
 
 void gather_row(const TensorView& table, std::int64_t row, float* out) {

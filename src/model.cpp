@@ -13,6 +13,10 @@ void Model::prefetch(const std::function<void(std::size_t, std::size_t)>& progre
   for (std::size_t i = 0; i < checkpoint_->shard_count(); ++i) total += checkpoint_->shard_bytes(i).size();
   constexpr std::size_t chunk = 64u << 20, page = 4096;
   volatile unsigned char sink = 0;
+  if (weights_.packed.size() > 0) {
+    if (progress) progress(total, total);
+    return;
+  }
   if (progress) progress(0, total);
   for (std::size_t i = 0; i < checkpoint_->shard_count(); ++i) {
     const auto bytes = checkpoint_->shard_bytes(i);
@@ -31,6 +35,7 @@ std::shared_ptr<const Model> Model::load(const std::string& dir, const ModelPara
   ModelConfig config = load_model_config(dir);
   auto checkpoint = std::make_unique<io::Checkpoint>(dir);
   ModelWeights weights = bind_weights(*checkpoint, config, params.load_mtp);
+  if (params.pack_weights) pack_weights_for_cpu(weights, *checkpoint, params.progress);
   std::shared_ptr<Model> m(new Model());
   m->dir_ = dir;
   m->config_ = std::move(config);

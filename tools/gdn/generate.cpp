@@ -82,8 +82,10 @@ int generate(int argc, char** argv) {
   if (!std::filesystem::exists(tok_path))
     throw Error(Status::io_error, fmt::format("'{}' has no tokenizer.json; gdn generate needs one", dir));
   const Tokenizer tok = Tokenizer::load(tok_path);
-  auto model = Model::load(dir);
-  model->prefetch(progress_bar);
+  ModelParams mp;
+  mp.progress = progress_bar;  // packing the weights for the kernel reads them all
+  auto model = Model::load(dir, mp);
+  model->prefetch(progress_bar);  // reads them when they were not packed
 
   std::string text = prompt;
   if (chat) {

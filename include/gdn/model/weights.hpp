@@ -5,11 +5,13 @@
 // often stored in a different dtype from the matrices and are read on every token.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "gdn/core/anonymous_memory.hpp"
 #include "gdn/core/tensor.hpp"
 #include "gdn/model/config.hpp"
 
@@ -20,6 +22,9 @@ namespace io { class Checkpoint; }
 // A projection y = W·x with W stored [out, in].
 struct LinearWeight {
   TensorView w;
+  // The same values in the AMX kernel's tile order (see cpu::pack_amx_tile_image), when the model
+  // packed them at load; owned by ModelWeights::packed.
+  const std::uint16_t* amx_tiles = nullptr;
   std::int64_t out() const noexcept { return w.dim(0); }
   std::int64_t in() const noexcept { return w.dim(1); }
 };
@@ -72,10 +77,23 @@ struct ModelWeights {
   std::string prefix;  // e.g. "model.language_model."
   // Copies of tensors whose data was not aligned to their element size in the file.
   std::vector<std::unique_ptr<std::byte[]>> realigned;
+  // Tile images of the projections (pack_weights_for_cpu).
+  AnonymousMemory packed;
+
+  // Every projection the model runs, the MTP head's included.
+  std::vector<LinearWeight*> projections();
 };
 
 // Checks every tensor the config implies (presence, dtype, shape) and binds it. Throws
 // gdn::Error(missing_tensor | tensor_mismatch) naming the tensor. load_mtp=false skips mtp.*.
 ModelWeights bind_weights(const io::Checkpoint& ckpt, const ModelConfig& cfg, bool load_mtp);
+
+// When this process's projection kernel is AMX, copies every bf16 projection into its tile image
+// (one anonymous, huge-page-backed block the size of the weights) so decode streams the weights
+// sequentially; then lets go of the checkpoint's pages of those tensors (they stay in the page
+// cache, where the embedding lookup and anything else reading the views finds them). Returns the
+// bytes packed (0 when the kernel is not AMX).
+std::size_t pack_weights_for_cpu(ModelWeights& w, const io::Checkpoint& ckpt,
+                                 const std::function<void(std::size_t, std::size_t)>& progress = {});
 
 }  // namespace gdn

@@ -36,7 +36,8 @@ struct Exec {
 
   void linear(const LinearWeight& w, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
               std::int64_t ldy) {
-    cpu::linear(pool, threads[0].linear, w.w, x, ldx, rows, y, ldy);
+    const LinearPart part{&w.w, y, ldy, w.amx_tiles};
+    cpu::linear_multi(pool, threads[0].linear, std::span(&part, 1), x, ldx, rows);
   }
 
   // Projections of the same input in one pass over their weights (see linear_multi).
@@ -49,7 +50,7 @@ struct Exec {
     LinearPart parts[8];
     std::size_t n = 0;
     for (const auto& o : outs)
-      if (!o.w.w.empty()) parts[n++] = LinearPart{&o.w.w, o.y, o.ldy};
+      if (!o.w.w.empty()) parts[n++] = LinearPart{&o.w.w, o.y, o.ldy, o.w.amx_tiles};
     cpu::linear_multi(pool, threads[0].linear, std::span<const LinearPart>(parts, n), x, ldx, rows);
   }
 };

@@ -26,6 +26,7 @@
 // Decode (few rows) streams each weight once per step for every sequence; prefill reuses each
 // block of weights, held in L2, across all rows.
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -60,7 +61,21 @@ struct LinearPart {
   const TensorView* w;
   float* y;
   std::int64_t ldy;
+  const std::uint16_t* amx_tiles = nullptr;  // w's AMX tile image, if the model packed one
 };
+
+// The AMX tile image of a bf16 weight [out, in]: the same values in the order the AMX kernel reads
+// them. Read in place, a 16-row × 32-column tile is 16 cache lines 2·in bytes apart, so a thread
+// sweeping a block of rows keeps 16–32 strided streams open and decode pulls weights well below the
+// machine's read bandwidth. In the image every tile is 1 KiB of contiguous memory, and the tiles of
+// each block of 32 rows follow one another step by step along k, so decode reads one sequential
+// stream per thread. Padding (rows past `out`, columns past `in`) is zero, which is what the
+// in-place kernel substitutes, so results are bit-identical with and without the image.
+std::size_t amx_tile_image_elements(std::int64_t out, std::int64_t in) noexcept;
+// Writes W's image (amx_tile_image_elements(W.dim(0), W.dim(1)) uint16 values) to `image`, rows
+// [row0, row1) of blocks of 32 rows only (so several threads can share one tensor); row0 and row1
+// must be multiples of 32, or row1 == W.dim(0).
+void pack_amx_tile_image(const TensorView& W, std::int64_t row0, std::int64_t row1, std::uint16_t* image);
 
 // Rows of x are `ldx` floats apart, rows of y `ldy`. W must be rank 2 with W.dim(1) == in.
 void linear(ThreadPool& pool, LinearWorkspace& ws, const TensorView& W, const float* x, std::int64_t ldx,
