@@ -361,19 +361,24 @@ struct alignas(64) TileConfig {
   std::uint8_t rows[16] = {};
 };
 
-GDN_T_AMX void amx_configure() {
-  // The tile configuration is per thread; every tile is 16 rows × 64 bytes.
-  thread_local bool configured = false;
-  if (configured) return;
+// Tiles are configured per thread; `cols` is the number of activation rows of the group being
+// multiplied (the B and C tiles' columns, 1..16). A group of one row (batch-1 decode) then loads
+// 64 bytes of activations per tile instead of 1 KiB, which would otherwise move 1.5 bytes through
+// L1 for every byte of weights streamed. A C element is the same sequence of products and sums
+// whatever the number of columns (columns never mix), so this keeps batch invariance; the kernel
+// tests check it bit for bit.
+// The configuration is loaded afresh at the start of every range (`force`): the calling thread is
+// the host's, and other AMX code it runs between our calls (oneDNN, say) may have changed it.
+GDN_T_AMX void amx_configure(int cols, bool force) {
+  thread_local int configured = 0;
+  if (configured == cols && !force) return;
   TileConfig c;
-  for (int i = 0; i < 8; ++i) {
-    c.colsb[i] = 64;
-    c.rows[i] = 16;
-  }
+  for (int i = 0; i < 8; ++i) c.rows[i] = 16;
+  for (int i : {0, 1, 4, 5, 6}) c.colsb[i] = static_cast<std::uint16_t>(4 * cols);  // C and B: cols floats / bf16 pairs
+  for (int i : {2, 3, 7}) c.colsb[i] = 64;                                         // A: 32 bf16 of k (7: unused)
   _tile_loadconfig(&c);
-  configured = true;
+  configured = cols;
 }
-
 
 // Packs rows of x for groups [g0, g1): a group is split_parts runs of `steps` tiles (hi, mid, lo).
 GDN_T_AMX void pack_amx(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t in, std::int64_t steps,
@@ -455,10 +460,10 @@ GDN_T_AMX inline void amx_kblock(const bf16* w, const std::uint16_t* image, std:
 // Rows [n0, n1) (at most max_range_rows) of one weight against every activation group.
 GDN_T_AMX void amx_range(const bf16* w, const std::uint16_t* image, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t n1,
                          const std::uint16_t* xp, std::int64_t steps, std::int64_t rows, float* y, std::int64_t ldy) {
-  amx_configure();
   alignas(64) thread_local float cbuf[max_range_rows * 16];  // C tiles of the range, [n][m] per 16 rows
   const std::int64_t groups = (rows + 15) / 16;
   for (std::int64_t g = 0; g < groups; ++g) {
+    amx_configure(static_cast<int>(std::min<std::int64_t>(16, rows - 16 * g)), g == 0);
     const std::uint16_t* b = xp + g * split_parts * steps * tile_u16;
     for (std::int64_t s0 = 0; s0 < steps; s0 += kblock) {
       const std::int64_t s1 = std::min(steps, s0 + kblock);

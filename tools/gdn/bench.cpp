@@ -16,7 +16,8 @@
 //   - peak RSS, GDN state bytes per sequence, KV bytes per token, heap allocations per decode step.
 // With --peer-python, it also runs bench/peer.py (llama.cpp through llama-cpp-python, on the
 // same weights converted to a bf16 GGUF) with the same threads and token counts, and prints the
-// ratios ours / llama.cpp.
+// ratios ours / llama.cpp; then --rounds head-to-head rounds of batch-1 prefill and decode, ours and
+// the peer back to back, each round bracketed by bandwidth measurements (section 6 below).
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -402,6 +403,7 @@ struct Options {
   std::string peer_python;
   std::string peer_script = "bench/peer.py";
   std::string peer_args;
+  int rounds = 3;
   bool quick = false;
 };
 
@@ -437,14 +439,40 @@ void prefill(Context& ctx, SeqId s, std::span<const Token> tokens, Batch& batch)
   ctx.step(batch);
 }
 
+// Runs the peer once (a shell command printing one JSON object as its last line) and returns
+// that object, or {"error": its output}.
+json run_peer(const std::string& cmd) {
+  fmt::print(stderr, "running the peer: {}\n", cmd);
+  std::fflush(stdout);
+  std::string text;
+  if (std::FILE* f = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+    const int rc = pclose(f);
+    if (rc != 0) fmt::print(stderr, "the peer exited with status {}\n", rc);
+  }
+  const auto brace = text.rfind("\n{");
+  try {
+    json peer = json::parse(brace == std::string::npos ? text : text.substr(brace + 1));
+    if (peer.contains("decode") && peer.contains("prefill")) return peer;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "could not read the peer's JSON ({})\n", e.what());
+  }
+  fmt::print(stderr, "the peer's output was:\n{}\n", text);
+  return {{"error", text}};
+}
+
 int usage() {
   std::fputs(
       "usage: gdn bench [--model DIR | --shape 0.8b|2b] [--cache DIR] [--threads N] [--runs N]\n"
       "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
-      "                 [--peer-args 'ARGS']\n"
+      "                 [--peer-args 'ARGS'] [--rounds N]\n"
       "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512\n"
-      "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n",
+      "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
+      "  --rounds N     with a peer: N head-to-head rounds of batch-1 prefill + decode, ours and the peer\n"
+      "                 alternating, each bracketed by a bandwidth measurement (default 3)\n",
       stderr);
   return 2;
 }
@@ -472,6 +500,7 @@ int bench(int argc, char** argv) {
     else if (a == "--peer-python" && v) o.peer_python = argv[++i];
     else if (a == "--peer-script" && v) o.peer_script = argv[++i];
     else if (a == "--peer-args" && v) o.peer_args = argv[++i];
+    else if (a == "--rounds" && v) o.rounds = std::max(0, std::atoi(argv[++i]));
     else if (a == "--quick") o.quick = true;
     else return usage();
   }
@@ -652,32 +681,21 @@ int bench(int argc, char** argv) {
   fmt::print("load average         {:.2f} at start, {:.2f} at end (2 cores: other work shares them)\n",
              out["loadavg_start"].get<double>(), out["loadavg_end"].get<double>());
 
-  // 5. The peer: llama.cpp on the same weights.
+  // 5. The peer: llama.cpp on the same weights, every measurement above.
+  const auto peer_cmd = [&](int runs, const std::string& batches) {
+    return fmt::format("'{}' '{}' --model '{}' --threads {} --runs {} --decode-tokens {} --prompt-tokens {} --batches {} {}",
+                       o.peer_python, o.peer_script, dir, threads, runs, N, P, batches, o.peer_args);
+  };
   if (!o.peer_python.empty()) {
-    const std::string cmd = fmt::format("'{}' '{}' --model '{}' --threads {} --runs {} --decode-tokens {} --prompt-tokens {} "
-                                        "--batches {} {}",
-                                        o.peer_python, o.peer_script, dir, threads, o.runs, N, P,
-                                        fmt::format("{}", fmt::join(o.batches, ",")), o.peer_args);
-    fmt::print(stderr, "running the peer: {}\n", cmd);
-    std::fflush(stdout);
-    std::string text;
-    if (std::FILE* f = popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      std::size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-      const int rc = pclose(f);
-      if (rc != 0) fmt::print(stderr, "the peer exited with status {}\n", rc);
-    }
-    const auto brace = text.rfind("\n{");
-    try {
-      const json peer = json::parse(brace == std::string::npos ? text : text.substr(brace + 1));
-      out["llama_cpp"] = peer;
+    const json peer = run_peer(peer_cmd(o.runs, fmt::format("{}", fmt::join(o.batches, ","))));
+    out["llama_cpp"] = peer;
+    if (!peer.contains("error")) {
       const double ld = peer["decode"]["tok_s"].get<double>(), lp = peer["prefill"]["tok_s"].get<double>();
       const double d = out["decode"]["tok_s"].get<double>(), pf = out["prefill"]["tok_s"].get<double>();
       out["ratio"] = {{"decode", d / ld}, {"prefill", pf / lp}};
       fmt::print("llama.cpp {}: decode {:.2f} tok/s, prefill {:.1f} tok/s ({}% of roofline at decode)\n",
                  peer.value("version", std::string("?")), ld, lp, static_cast<int>(std::lround(100.0 * ld / roofline)));
-      fmt::print("ours / llama.cpp     decode {:.2f}x   prefill {:.2f}x\n", d / ld, pf / lp);
+      fmt::print("ours / llama.cpp     decode {:.2f}x   prefill {:.2f}x  (one pass each, measured apart)\n", d / ld, pf / lp);
       if (peer.contains("batch_decode") && out.contains("batch_decode")) {
         json br = json::array();
         for (const auto& row : out["batch_decode"])
@@ -689,9 +707,77 @@ int bench(int argc, char** argv) {
             }
         out["ratio"]["batch_decode"] = br;
       }
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "could not read the peer's JSON ({}); its output was:\n{}\n", e.what(), text);
-      out["llama_cpp"] = {{"error", text}};
+    }
+  }
+
+  // 6. Head to head. This machine's read bandwidth drifts by up to 2x within minutes (a shared
+  // host), so figures measured minutes apart do not compare. Each round measures the bandwidth,
+  // then ours and the peer back to back (the order alternating between rounds), then the
+  // bandwidth again; a round's roofline is the mean of its two bandwidth figures. The medians of
+  // the per-round ratios are the comparison this tool stands by.
+  if (!o.peer_python.empty() && o.rounds > 0) {
+    ContextParams p;
+    p.max_sequences = 1;
+    p.max_context = P + N * (o.runs + 1) + 8;
+    p.max_batch_tokens = std::max(P, 1);
+    p.threads = o.threads;
+    Context ctx(model, p);
+    const SeqId s = ctx.create_sequence();
+    const SeqId seqs[1] = {s};
+    Batch batch;
+    batch.reserve(4, static_cast<std::size_t>(P));
+    json rounds = json::array();
+    std::vector<double> r_dec, r_pre, f_ours, f_peer;
+    for (int round = 0; round < o.rounds; ++round) {
+      const double bw0 = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
+      double od = 0, op = 0, ld = 0, lp = 0;
+      const auto ours = [&] {
+        std::vector<double> pre, dec;
+        for (int r = 0; r < o.runs + 1; ++r) {  // run 0 is a warm-up
+          ctx.reset_sequence(s);
+          const auto t0 = Clock::now();
+          prefill(ctx, s, prompt, batch);
+          const double tp = seconds_since(t0);
+          const double td = decode_steps(ctx, seqs, N, batch, r > 0 ? &allocs : nullptr);
+          if (r > 0) {
+            pre.push_back(P / tp);
+            dec.push_back(N / td);
+            alloc_steps += N;
+          }
+        }
+        od = median(dec);
+        op = median(pre);
+      };
+      bool peer_ok = true;
+      const auto theirs = [&] {
+        const json pj = run_peer(peer_cmd(o.runs, "1"));
+        if (pj.contains("error")) { peer_ok = false; return; }
+        ld = pj["decode"]["tok_s"].get<double>();
+        lp = pj["prefill"]["tok_s"].get<double>();
+      };
+      if (round % 2 == 0) { ours(); theirs(); } else { theirs(); ours(); }
+      if (!peer_ok) break;
+      const double bw1 = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
+      const double roof = 0.5 * (bw0 + bw1) * 1e9 / static_cast<double>(wbytes);
+      rounds.push_back({{"order", round % 2 == 0 ? "ours first" : "peer first"}, {"bandwidth_gb_s", {bw0, bw1}},
+                        {"roofline_tok_s", roof}, {"ours", {{"decode_tok_s", od}, {"prefill_tok_s", op}}},
+                        {"llama_cpp", {{"decode_tok_s", ld}, {"prefill_tok_s", lp}}}});
+      r_dec.push_back(od / ld);
+      r_pre.push_back(op / lp);
+      f_ours.push_back(od / roof);
+      f_peer.push_back(ld / roof);
+      fmt::print("round {}  bandwidth {:.1f}/{:.1f} GB/s  decode ours {:.2f} ({:.0f}%) vs {:.2f} ({:.0f}%) tok/s = {:.2f}x  "
+                 "prefill {:.1f} vs {:.1f} tok/s = {:.2f}x\n",
+                 round + 1, bw0, bw1, od, 100 * od / roof, ld, 100 * ld / roof, od / ld, op, lp, op / lp);
+    }
+    if (!r_dec.empty()) {
+      out["head_to_head"] = {{"rounds", rounds},
+                             {"median", {{"decode_ratio", median(r_dec)}, {"prefill_ratio", median(r_pre)},
+                                         {"ours_fraction_of_roofline", median(f_ours)},
+                                         {"llama_cpp_fraction_of_roofline", median(f_peer)}}}};
+      fmt::print("head to head, median of {} rounds: decode {:.2f}x llama.cpp, prefill {:.2f}x; batch-1 decode at "
+                 "{:.1f}% of the roofline (llama.cpp {:.1f}%)\n",
+                 r_dec.size(), median(r_dec), median(r_pre), 100 * median(f_ours), 100 * median(f_peer));
     }
   }
 
