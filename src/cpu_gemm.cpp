@@ -346,12 +346,17 @@ GDN_T_BF16 void block_bf16(const bf16* w, std::int64_t in, std::int64_t kp, cons
 }
 
 // ------------------------------------------------------------------------------------------------
-// AMX. C = W·Xᵀ on 16×16 float tiles: the weight rows are the A operand (16 rows × 32 bf16, read
-// straight from the checkpoint with the row stride), the activations the B operand, packed per group
-// of 16 rows into the VNNI layout: for each step of 32 k, 16 tile rows (k pairs) × 16 columns
-// (activation rows) of 2 bf16. Each C element accumulates its k steps in order, hi then lo part,
-// in one accumulator; missing activation rows are zero columns that never mix with the others.
+// AMX. C = W·Xᵀ on float tiles: 16 weight rows (the A operand, 16 rows × 32 bf16 of k, from the
+// tile image or read in place with the row stride) against the activations (the B operand). The
+// activations are packed in groups of 5 rows; a group's B tile holds, for each step of 32 k,
+// 16 tile rows (k pairs) × 15 columns of 2 bf16: column 3m + p is part p (hi, mid, lo) of the
+// group's row m. One tile product thus applies a weight tile to all three parts of five rows, and
+// each part accumulates in its own C column; an output is (hi + mid) + lo of its three columns.
+// For batch-1 decode that is one product per weight tile rather than three, so the tile unit
+// keeps up with the weight stream. Every output element is the same sequence of operations
+// whatever the number of rows (columns never mix; missing rows are columns never read).
 
+constexpr int group_rows = 5;  // activation rows per B tile: 3 parts each, 15 of 16 columns
 
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
@@ -361,41 +366,43 @@ struct alignas(64) TileConfig {
   std::uint8_t rows[16] = {};
 };
 
-// Tiles are configured per thread; `cols` is the number of activation rows of the group being
-// multiplied (the B and C tiles' columns, 1..16). A group of one row (batch-1 decode) then loads
-// 64 bytes of activations per tile instead of 1 KiB, which would otherwise move 1.5 bytes through
-// L1 for every byte of weights streamed. A C element is the same sequence of products and sums
-// whatever the number of columns (columns never mix), so this keeps batch invariance; the kernel
-// tests check it bit for bit.
-// The configuration is loaded afresh at the start of every range (`force`): the calling thread is
-// the host's, and other AMX code it runs between our calls (oneDNN, say) may have changed it.
-GDN_T_AMX void amx_configure(int cols, bool force) {
-  thread_local int configured = 0;
-  if (configured == cols && !force) return;
+// Tiles: C(group g, half h) = 2g + h, A(half) = 4, 5, B(group) = 6, 7. `cols0` and `cols1` are
+// the C/B columns of the two groups multiplied together (3 per activation row; cols1 = 0: one
+// group). Loaded afresh at the start of every range (`force`): the calling thread is the host's,
+// and other AMX code it runs between our calls (oneDNN, say) may have changed the configuration.
+GDN_T_AMX void amx_configure(int cols0, int cols1, bool force) {
+  thread_local int configured = -1;
+  const int key = cols0 * 64 + cols1;
+  if (configured == key && !force) return;
   TileConfig c;
-  for (int i = 0; i < 8; ++i) c.rows[i] = 16;
-  for (int i : {0, 1, 4, 5, 6}) c.colsb[i] = static_cast<std::uint16_t>(4 * cols);  // C and B: cols floats / bf16 pairs
-  for (int i : {2, 3, 7}) c.colsb[i] = 64;                                         // A: 32 bf16 of k (7: unused)
+  const int cols[2] = {cols0, cols1};
+  for (int g = 0; g < 2; ++g) {
+    const auto rows = static_cast<std::uint8_t>(cols[g] > 0 ? 16 : 0);
+    const auto bytes = static_cast<std::uint16_t>(4 * cols[g]);
+    c.rows[2 * g] = c.rows[2 * g + 1] = c.rows[6 + g] = rows;
+    c.colsb[2 * g] = c.colsb[2 * g + 1] = c.colsb[6 + g] = bytes;
+  }
+  c.rows[4] = c.rows[5] = 16;
+  c.colsb[4] = c.colsb[5] = 64;
   _tile_loadconfig(&c);
-  configured = cols;
+  configured = key;
 }
 
-// Packs rows of x for groups [g0, g1): a group is split_parts runs of `steps` tiles (hi, mid, lo).
+// Packs the activation groups [g0, g1) (`steps` tiles each).
 GDN_T_AMX void pack_amx(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t in, std::int64_t steps,
                         std::int64_t g0, std::int64_t g1, std::uint16_t* out) {
-  const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(16));
+  const __m512i kpair = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(16));  // dword kk·16 of tile row kk
   for (std::int64_t g = g0; g < g1; ++g) {
-    std::uint16_t* base = out + g * split_parts * steps * tile_u16;
-    // Columns of missing rows (m ≥ rows in the last group) keep whatever they held: a column of B
-    // only ever reaches the same column of C, which is never read.
-    for (int m = 0; m < 16 && g * 16 + m < rows; ++m) {
-      const std::int64_t r = g * 16 + m;
-      const __m512i idx = _mm512_add_epi32(col, _mm512_set1_epi32(m));  // dword kk·16 + m
+    std::uint16_t* base = out + g * steps * tile_u16;
+    for (int m = 0; m < group_rows && g * group_rows + m < rows; ++m) {
+      const std::int64_t r = g * group_rows + m;
+      __m512i idx[split_parts];
+      for (int p = 0; p < split_parts; ++p) idx[p] = _mm512_add_epi32(kpair, _mm512_set1_epi32(3 * m + p));
       for (std::int64_t s = 0; s < steps; ++s) {
         __m512i parts[split_parts];
         split32(x + r * ldx + s * 32, in - s * 32, parts);
-        for (int p = 0; p < split_parts; ++p) _mm512_i32scatter_epi32(base + (p * steps + s) * tile_u16, idx, parts[p], 4);
+        for (int p = 0; p < split_parts; ++p) _mm512_i32scatter_epi32(base + s * tile_u16, idx[p], parts[p], 4);
       }
     }
   }
@@ -414,70 +421,89 @@ GDN_T_AMX void pack_amx(const float* x, std::int64_t ldx, std::int64_t rows, std
     }                                                                                         \
   } while (0)
 
-// AMX tiles are not renamed, and a tile load from L2 costs more than a tile product, so the
-// activation tiles are kept in L1: the k dimension is walked in blocks of `kblock` steps, and each
-// block of activation tiles (3 parts × kblock KiB) serves every weight block of the range before the
-// next block of k. Partial sums wait in a per-thread buffer of C tiles between k blocks (stored and
-// reloaded exactly, so each element still accumulates its k steps in order: the same arithmetic as
-// an unblocked loop).
-//   C(half) = 0, 1 (the three parts accumulate in turn), A(half) = 2, 3, B(part) = 4, 5, 6
-constexpr std::int64_t kblock = 32;
+// AMX tiles are not renamed, and a tile load costs about as much as a tile product, so each pair
+// of weight tiles serves two activation groups, and the activation tiles are kept in L1: the k
+// dimension is walked in blocks of `kblock` steps, and each block of activation tiles serves every
+// weight block of the range before the next block of k. Partial sums wait in per-thread buffers of
+// C tiles between k blocks (stored and reloaded exactly, so each element still accumulates its k
+// steps in order: the same arithmetic as an unblocked loop).
+constexpr std::int64_t kblock = 16;  // 2 groups × 16 steps × 1 KiB of activation tiles: in L1
 constexpr std::int64_t max_range_rows = 1024;
 
-template <int NA>
+// NA weight tiles (16 rows each) from row n0, against NG activation groups (b0, b1), k steps
+// [s0, s1); partial sums in cb0 / cb1 (16 floats per weight row, the second half 256 floats on).
+template <int NA, int NG>
 GDN_T_AMX inline void amx_kblock(const bf16* w, const std::uint16_t* image, std::int64_t in, std::int64_t out_rows,
-                                 std::int64_t n0, const std::uint16_t* b, std::int64_t steps, std::int64_t s0,
-                                 std::int64_t s1, float* cb) {
-  static_assert(split_parts == 3, "one B tile per part");
+                                 std::int64_t n0, const std::uint16_t* b0, const std::uint16_t* b1, std::int64_t steps,
+                                 std::int64_t s0, std::int64_t s1, float* cb0, float* cb1) {
   alignas(64) std::uint16_t tmp[2][tile_u16];
   const bool full[2] = {n0 + 16 <= out_rows, n0 + 32 <= out_rows};
   const std::int64_t full_steps = in / 32;
   if (s0 == 0) {
     _tile_zero(0);
     if constexpr (NA == 2) _tile_zero(1);
+    if constexpr (NG == 2) _tile_zero(2);
+    if constexpr (NA == 2 && NG == 2) _tile_zero(3);
   } else {
-    _tile_loadd(0, cb, 64);
-    if constexpr (NA == 2) _tile_loadd(1, cb + 256, 64);
+    _tile_loadd(0, cb0, 64);
+    if constexpr (NA == 2) _tile_loadd(1, cb0 + 256, 64);
+    if constexpr (NG == 2) _tile_loadd(2, cb1, 64);
+    if constexpr (NA == 2 && NG == 2) _tile_loadd(3, cb1 + 256, 64);
   }
   for (std::int64_t s = s0; s < s1; ++s) {
-    _tile_loadd(4, b + s * tile_u16, 64);
-    _tile_loadd(5, b + (steps + s) * tile_u16, 64);
-    _tile_loadd(6, b + (2 * steps + s) * tile_u16, 64);
-    GDN_AMX_LOAD_A(0, 2);
-    if constexpr (NA == 2) GDN_AMX_LOAD_A(1, 3);
-    _tile_dpbf16ps(0, 2, 4);
-    if constexpr (NA == 2) _tile_dpbf16ps(1, 3, 4);
-    _tile_dpbf16ps(0, 2, 5);
-    if constexpr (NA == 2) _tile_dpbf16ps(1, 3, 5);
-    _tile_dpbf16ps(0, 2, 6);
-    if constexpr (NA == 2) _tile_dpbf16ps(1, 3, 6);
+    _tile_loadd(6, b0 + s * tile_u16, 64);
+    if constexpr (NG == 2) _tile_loadd(7, b1 + s * tile_u16, 64);
+    GDN_AMX_LOAD_A(0, 4);
+    if constexpr (NA == 2) GDN_AMX_LOAD_A(1, 5);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NA == 2) _tile_dpbf16ps(1, 5, 6);
+    if constexpr (NG == 2) _tile_dpbf16ps(2, 4, 7);
+    if constexpr (NA == 2 && NG == 2) _tile_dpbf16ps(3, 5, 7);
   }
-  _tile_stored(0, cb, 64);
-  if constexpr (NA == 2) _tile_stored(1, cb + 256, 64);
+  _tile_stored(0, cb0, 64);
+  if constexpr (NA == 2) _tile_stored(1, cb0 + 256, 64);
+  if constexpr (NG == 2) _tile_stored(2, cb1, 64);
+  if constexpr (NA == 2 && NG == 2) _tile_stored(3, cb1 + 256, 64);
 }
 #undef GDN_AMX_LOAD_A
 
 // Rows [n0, n1) (at most max_range_rows) of one weight against every activation group.
-GDN_T_AMX void amx_range(const bf16* w, const std::uint16_t* image, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t n1,
-                         const std::uint16_t* xp, std::int64_t steps, std::int64_t rows, float* y, std::int64_t ldy) {
-  alignas(64) thread_local float cbuf[max_range_rows * 16];  // C tiles of the range, [n][m] per 16 rows
-  const std::int64_t groups = (rows + 15) / 16;
-  for (std::int64_t g = 0; g < groups; ++g) {
-    amx_configure(static_cast<int>(std::min<std::int64_t>(16, rows - 16 * g)), g == 0);
-    const std::uint16_t* b = xp + g * split_parts * steps * tile_u16;
+GDN_T_AMX void amx_range(const bf16* w, const std::uint16_t* image, std::int64_t in, std::int64_t out_rows, std::int64_t n0,
+                         std::int64_t n1, const std::uint16_t* xp, std::int64_t steps, std::int64_t rows, float* y,
+                         std::int64_t ldy) {
+  alignas(64) thread_local float cbuf[2][max_range_rows * 16];  // C tiles of the range per group, [n][column]
+  const std::int64_t groups = (rows + group_rows - 1) / group_rows;
+  const auto group_size = [&](std::int64_t g) { return std::min<std::int64_t>(group_rows, rows - g * group_rows); };
+  for (std::int64_t g = 0; g < groups; g += 2) {
+    const bool two = g + 1 < groups;
+    amx_configure(3 * static_cast<int>(group_size(g)), two ? 3 * static_cast<int>(group_size(g + 1)) : 0, g == 0);
+    const std::uint16_t* b0 = xp + g * steps * tile_u16;
+    const std::uint16_t* b1 = b0 + steps * tile_u16;
     for (std::int64_t s0 = 0; s0 < steps; s0 += kblock) {
       const std::int64_t s1 = std::min(steps, s0 + kblock);
       for (std::int64_t n = n0; n < n1; n += 32) {
-        float* cb = cbuf + (n - n0) * 16;
-        if (n + 16 < n1) amx_kblock<2>(w, image, in, out_rows, n, b, steps, s0, s1, cb);
-        else amx_kblock<1>(w, image, in, out_rows, n, b, steps, s0, s1, cb);
+        float* cb0 = cbuf[0] + (n - n0) * 16;
+        float* cb1 = cbuf[1] + (n - n0) * 16;
+        const bool pair = n + 16 < n1;
+        if (two) {
+          if (pair) amx_kblock<2, 2>(w, image, in, out_rows, n, b0, b1, steps, s0, s1, cb0, cb1);
+          else amx_kblock<1, 2>(w, image, in, out_rows, n, b0, b1, steps, s0, s1, cb0, cb1);
+        } else {
+          if (pair) amx_kblock<2, 1>(w, image, in, out_rows, n, b0, b1, steps, s0, s1, cb0, cb1);
+          else amx_kblock<1, 1>(w, image, in, out_rows, n, b0, b1, steps, s0, s1, cb0, cb1);
+        }
       }
     }
-    // cbuf[(n − n0)·16 + m]: weight row n, activation row 16g + m.
-    const std::int64_t mm = std::min<std::int64_t>(16, rows - 16 * g);
-    for (std::int64_t m = 0; m < mm; ++m) {
-      float* yr = y + (16 * g + m) * ldy;
-      for (std::int64_t n = n0; n < n1; ++n) yr[n] = cbuf[(n - n0) * 16 + m];
+    // cbuf[j][(n − n0)·16 + 3m + p]: weight row n, part p of activation row (g + j)·5 + m.
+    for (std::int64_t j = 0; j < (two ? 2 : 1); ++j) {
+      const float* cb = cbuf[j];
+      for (std::int64_t m = 0; m < group_size(g + j); ++m) {
+        float* yr = y + ((g + j) * group_rows + m) * ldy;
+        for (std::int64_t n = n0; n < n1; ++n) {
+          const float* c = cb + (n - n0) * 16 + 3 * m;
+          yr[n] = (c[0] + c[1]) + c[2];
+        }
+      }
     }
   }
 }
@@ -509,6 +535,13 @@ void float_block(LinearKernel k, const TensorView& W, const float* x, std::int64
 
 std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
 
+// uint16 elements of the packed activations, for either layout: AMX groups (5 rows, steps tiles
+// each), or rows × parts·Kp for the vdpbf16ps kernel.
+std::size_t packed_activation_elements(std::int64_t rows, std::int64_t kp) {
+  const std::int64_t amx = (rows + 4) / 5 * (kp / 32) * 512, rowwise = rows * 3 * kp;
+  return static_cast<std::size_t>(std::max(amx, rowwise));
+}
+
 // Parts that run on a bf16 kernel (bf16 weights and a bf16 kernel), else on the float kernels.
 bool packed_part(LinearKernel k, const TensorView& W) {
   return W.dtype == DType::bf16 && (k == LinearKernel::amx || k == LinearKernel::avx512bf16);
@@ -532,10 +565,8 @@ const char* linear_kernel_name() noexcept {
 }
 
 void LinearWorkspace::reserve(std::int64_t rows, std::int64_t in) {
-  // Either layout: AMX groups of 16 rows × steps tiles × parts, or rows × parts·Kp.
   const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32);
-  const std::int64_t need = round_up(std::max<std::int64_t>(rows, 1), 16) * split_parts * kp;
-  get(static_cast<std::size_t>(need));
+  get(packed_activation_elements(std::max<std::int64_t>(rows, 1), kp));
 }
 
 void linear_multi(ThreadPool& pool, LinearWorkspace& ws, std::span<const LinearPart> parts, const float* x,
@@ -556,11 +587,10 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
   const std::int64_t kp = round_up(in, 32), steps = kp / 32;
   std::uint16_t* xp = nullptr;
   if (any_packed) {
-    const std::int64_t groups = (rows + 15) / 16;
-    xp = ws.get(static_cast<std::size_t>(groups * 16 * split_parts * kp));
+    xp = ws.get(packed_activation_elements(rows, kp));
 #if GDN_X86
     if (k == LinearKernel::amx)
-      pool.parallel_for(groups, 1, [&](std::int64_t g0, std::int64_t g1, int) { pack_amx(x, ldx, rows, in, steps, g0, g1, xp); });
+      pool.parallel_for((rows + 4) / 5, 1, [&](std::int64_t g0, std::int64_t g1, int) { pack_amx(x, ldx, rows, in, steps, g0, g1, xp); });
     else
       pool.parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1, int) { pack_rows_bf16(x, ldx, r0, r1, in, kp, xp); });
 #endif
