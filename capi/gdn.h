@@ -18,15 +18,20 @@
  *   gdn_context_get_logits(ctx, row, &logits);        // vocab_size floats, valid until the next step
  *
  * Conventions
- *   - Handles (gdn_model, gdn_context, gdn_batch) are opaque. A NULL or foreign handle is refused
+ *   - Handles (gdn_model, gdn_context, gdn_batch, gdn_tokenizer, gdn_stream_decoder, gdn_sampler,
+ *     gdn_generation_result, gdn_speculative) are opaque. A NULL or foreign handle is refused
  *     with GDN_STATUS_INVALID_ARGUMENT; the *_free functions accept NULL and do nothing.
  *   - Every call that can fail returns a gdn_status. On failure, gdn_last_error() gives a
  *     human-readable message naming the function and the offending value; it is per thread and
  *     stays valid until the next status-returning call on that thread, which clears it on success.
- *     Output parameters are written only on success. No C++ exception ever crosses this boundary.
+ *     Output parameters are written only on success (one exception: a caller buffer that is too
+ *     small gets told the size it needs; see "Caller buffers"). No C++ exception ever crosses this
+ *     boundary.
  *   - A gdn_model is immutable and may be shared by any number of threads and contexts. A
  *     gdn_context (and a gdn_batch) is used by one thread at a time.
- *   - A context keeps its model alive: gdn_model_free may come before gdn_context_free.
+ *   - A context keeps its model alive: gdn_model_free may come before gdn_context_free. Likewise a
+ *     speculative decoder keeps its context alive, a stream decoder its tokenizer's tables, and a
+ *     speculative decoder the samplers of the sequences it runs.
  *
  * Versioning (ABI rule)
  *   GDN_ABI_VERSION changes only on a break: a function removed or its signature or meaning changed,
@@ -399,6 +404,333 @@ static inline gdn_doctor_params gdn_doctor_default_params(void) {
  * unknown fault bit or state_dtype). */
 GDN_API gdn_status gdn_doctor_run(const char *model_dir, const gdn_doctor_params *params, const char **out_json,
                                   int32_t *out_n_fail);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Caller buffers. Calls that return a variable amount of data into caller memory (token ids, text)
+ * take the buffer, its capacity and a required *out_n that receives the amount the result needs:
+ *   - buffer NULL and capacity 0: a size query; returns OK with *out_n set and nothing else written;
+ *   - capacity too small: returns OUT_OF_CAPACITY with *out_n set to the amount needed (the one
+ *     output written on failure, so the caller can grow the buffer and call again); the buffer
+ *     itself is untouched;
+ *   - otherwise OK: the buffer holds the result, *out_n its amount.
+ * Text is UTF-8 and always NUL-terminated in the buffer, so it needs capacity *out_len + 1; *out_len
+ * does not count the NUL (text may contain NUL bytes of its own: use the length). */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tokenizer: the byte-level BPE of a Hugging Face tokenizer.json (gdn/io/tokenizer.hpp), with ids
+ * identical to Hugging Face tokenizers'. A gdn_tokenizer is immutable: any number of threads may
+ * use one at once. */
+
+typedef struct gdn_tokenizer gdn_tokenizer;
+
+/* Reads a tokenizer.json file. Returns OK, INVALID_ARGUMENT, IO_ERROR, INVALID_FILE (malformed)
+ * or UNSUPPORTED_MODEL (a tokenizer feature libgdn does not implement). */
+GDN_API gdn_status gdn_tokenizer_load(const char *path, gdn_tokenizer **out_tokenizer);
+/* Reads MODEL_DIR/tokenizer.json, as a Hugging Face checkpoint ships it; statuses as above. */
+GDN_API gdn_status gdn_tokenizer_load_model_dir(const char *model_dir, gdn_tokenizer **out_tokenizer);
+/* The same from the text of a tokenizer.json (json_len bytes; need not be NUL-terminated). */
+GDN_API gdn_status gdn_tokenizer_load_json(const char *json, size_t json_len, gdn_tokenizer **out_tokenizer);
+/* NULL: no-op. Stream decoders made from the tokenizer keep what they need alive. */
+GDN_API void gdn_tokenizer_free(gdn_tokenizer *tokenizer);
+
+/* Number of ids: one more than the largest id of the vocabulary or the added tokens. */
+GDN_API gdn_status gdn_tokenizer_vocab_size(const gdn_tokenizer *tokenizer, int32_t *out_vocab_size);
+
+/* Flags of gdn_tokenizer_encode / gdn_tokenizer_decode / gdn_stream_decoder_create (bits; a bit
+ * this library does not know is refused). */
+enum {
+    /* encode: read special added tokens ("<|im_start|>", ...) in the text as plain text. Without it
+     * they become their ids, as Hugging Face's encode() does by default. */
+    GDN_TOKENIZE_SPECIAL_AS_TEXT = 1u << 0,
+    /* decode: leave special tokens out of the text. */
+    GDN_DECODE_SKIP_SPECIAL = 1u << 1
+};
+
+/* The ids of UTF-8 `text` (text_len bytes; need not be NUL-terminated); no BOS or EOS is added.
+ * out_ids / capacity / *out_n_ids follow "Caller buffers" above. INVALID_ARGUMENT also for text
+ * that is not valid UTF-8. */
+GDN_API gdn_status gdn_tokenizer_encode(const gdn_tokenizer *tokenizer, const char *text, size_t text_len, uint32_t flags,
+                                        gdn_token *out_ids, int64_t capacity, int64_t *out_n_ids);
+
+/* The UTF-8 text of n_ids ids (ill-formed byte sequences become U+FFFD), into out_text per "Caller
+ * buffers" above. INVALID_TOKEN for an id outside [0, vocab_size). */
+GDN_API gdn_status gdn_tokenizer_decode(const gdn_tokenizer *tokenizer, const gdn_token *ids, int64_t n_ids, uint32_t flags,
+                                        char *out_text, size_t capacity, size_t *out_len);
+
+/* The id of a token spelled as tokenizer.json spells it (an added token's content, or a vocabulary
+ * entry in byte-level form, e.g. "Ġthe"); *out_id = -1 when there is none. */
+GDN_API gdn_status gdn_tokenizer_token_to_id(const gdn_tokenizer *tokenizer, const char *token, size_t token_len,
+                                             gdn_token *out_id);
+/* The spelling of `id` in tokenizer.json, NUL-terminated, pointing into the tokenizer (valid until
+ * gdn_tokenizer_free). *out_is_special (may be NULL) tells whether it is a special added token.
+ * INVALID_TOKEN for an id outside [0, vocab_size). */
+GDN_API gdn_status gdn_tokenizer_id_to_token(const gdn_tokenizer *tokenizer, gdn_token id, const char **out_token,
+                                             size_t *out_len, bool *out_is_special);
+
+/* Incremental decoding for generation: one id in, only complete UTF-8 text out. The bytes of a
+ * character split across tokens are held until it is complete. The concatenated pushes and the final
+ * flush equal gdn_tokenizer_decode of the same ids. Keeps its tokenizer's tables alive (the
+ * tokenizer may be freed first). One thread at a time. */
+typedef struct gdn_stream_decoder gdn_stream_decoder;
+
+/* flags: 0 or GDN_DECODE_SKIP_SPECIAL. */
+GDN_API gdn_status gdn_stream_decoder_create(const gdn_tokenizer *tokenizer, uint32_t flags,
+                                             gdn_stream_decoder **out_decoder);
+GDN_API void gdn_stream_decoder_free(gdn_stream_decoder *decoder);
+/* The text `id` completes (often empty: *out_len 0). *out_text is NUL-terminated, points into the
+ * decoder and stays valid until its next call. INVALID_TOKEN for a bad id (nothing changes). */
+GDN_API gdn_status gdn_stream_decoder_push(gdn_stream_decoder *decoder, gdn_token id, const char **out_text,
+                                           size_t *out_len);
+/* Whatever is still held, an unfinished character as U+FFFD; the decoder then starts afresh. */
+GDN_API gdn_status gdn_stream_decoder_flush(gdn_stream_decoder *decoder, const char **out_text, size_t *out_len);
+/* Drops what is held, without returning it. */
+GDN_API gdn_status gdn_stream_decoder_reset(gdn_stream_decoder *decoder);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Chat template: the Qwen3.5 / Qwen3.6 template (ChatML with <think> blocks; gdn/text/chat_template.hpp),
+ * byte for byte what transformers' apply_chat_template(..., tokenize=False) returns, for text-only
+ * conversations. */
+
+typedef struct gdn_chat_params {
+    uint32_t size;               /* sizeof(gdn_chat_params) */
+    bool add_generation_prompt;  /* end with the assistant's turn opened (default false) */
+    bool enable_thinking;        /* false pre-fills an empty <think></think> block (default true) */
+    bool preserve_thinking;      /* Qwen3.6: keep the reasoning of every assistant turn (default false) */
+} gdn_chat_params;
+
+/* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */
+GDN_API gdn_status gdn_chat_params_init(gdn_chat_params *params);
+
+static inline gdn_chat_params gdn_chat_default_params(void) {
+    gdn_chat_params p;
+    p.size = (uint32_t)sizeof p;
+    (void)gdn_chat_params_init(&p);
+    return p;
+}
+
+/* Renders n_messages messages, given as parallel arrays of NUL-terminated strings: roles[i]
+ * ("system", "user", "assistant" or "tool"), contents[i] (an element NULL renders as None: empty)
+ * and reasoning_contents (the array may be NULL, and so may an element: then an assistant turn's
+ * reasoning is what <think>...</think> in its content holds). params may be NULL (defaults). The
+ * text goes into out_text per "Caller buffers" above. INVALID_ARGUMENT with the template's own
+ * message for what it rejects ("No user query found in messages.", ...). */
+GDN_API gdn_status gdn_chat_render(const char *const *roles, const char *const *contents,
+                                   const char *const *reasoning_contents, size_t n_messages,
+                                   const gdn_chat_params *params, char *out_text, size_t capacity, size_t *out_len);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sampling (gdn/runtime/sampling.hpp): penalties on tokens already seen, then temperature, top-k,
+ * top-p and min-p, in the order transformers' generate() applies them, and a draw from the
+ * sampler's own seeded RNG: the same seed gives the same tokens on every machine. */
+
+typedef struct gdn_sampling_params {
+    uint32_t size;             /* sizeof(gdn_sampling_params) */
+    float temperature;         /* 0: greedy (argmax after penalties); the default */
+    int32_t top_k;             /* 0: off */
+    float top_p;               /* 1: off; in (0, 1] */
+    float min_p;               /* 0: off; keeps tokens with p >= min_p * p_max */
+    float repetition_penalty;  /* 1: off; > 1 discourages seen tokens (logit > 0: / penalty, else * penalty) */
+    float presence_penalty;    /* 0: off; subtracted once from the logit of every seen token */
+    uint64_t seed;             /* the RNG's seed (default 0) */
+} gdn_sampling_params;
+
+/* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */
+GDN_API gdn_status gdn_sampling_params_init(gdn_sampling_params *params);
+
+static inline gdn_sampling_params gdn_sampling_default_params(void) {
+    gdn_sampling_params p;
+    p.size = (uint32_t)sizeof p;
+    (void)gdn_sampling_params_init(&p);
+    return p;
+}
+
+/* One sequence's sampler: its settings, the tokens its penalties have seen, its RNG. Keep one per
+ * sequence; one thread at a time. */
+typedef struct gdn_sampler gdn_sampler;
+
+/* params may be NULL (greedy). vocab_size: the model's (gdn_model_config.vocab_size).
+ * INVALID_ARGUMENT for out-of-range settings (temperature < 0, top_p outside (0, 1], ...). */
+GDN_API gdn_status gdn_sampler_create(const gdn_sampling_params *params, int32_t vocab_size, gdn_sampler **out_sampler);
+/* NULL: no-op. A speculative decoder that samples with it keeps it alive until its sequence ends. */
+GDN_API void gdn_sampler_free(gdn_sampler *sampler);
+/* Records tokens for the penalties (the prompt, then each token the sequence takes); sampling does
+ * not record the token it draws. */
+GDN_API gdn_status gdn_sampler_observe(gdn_sampler *sampler, const gdn_token *tokens, int64_t n_tokens);
+/* Draws a token from vocab_size logits (n_logits must equal the sampler's vocab_size). */
+GDN_API gdn_status gdn_sampler_sample(gdn_sampler *sampler, const float *logits, int64_t n_logits, gdn_token *out_token);
+/* The same from output row `row` of the context's last step. */
+GDN_API gdn_status gdn_sampler_sample_row(gdn_sampler *sampler, const gdn_context *ctx, int64_t row, gdn_token *out_token);
+/* The distribution a draw would come from (vocab_size floats summing to 1, zero outside the kept
+ * set; one-hot for greedy) into probs, which holds capacity floats (at least vocab_size). */
+GDN_API gdn_status gdn_sampler_distribution(const gdn_sampler *sampler, const float *logits, int64_t n_logits, float *probs,
+                                            int64_t capacity);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Text generation (gdn/runtime/generator.hpp): prompt ids in, streamed text out, per-sequence
+ * sampling, stop tokens (the checkpoint's eos ids from config.json and generation_config.json, plus
+ * any extra), stop strings that may span tokens (nothing after one is emitted), a token limit, and
+ * optional MTP speculative decoding. Several prompts may be generated together: each step advances
+ * every unfinished sequence at once. Each call creates its sequences in the context and frees them
+ * before it returns, so the context needs max_sequences free slots (one per prompt) and
+ * max_context >= prompt + max_tokens (+ mtp_draft + 1). */
+
+/* Values equal gdn::FinishReason. */
+typedef enum gdn_finish_reason {
+    GDN_FINISH_NONE = 0,
+    GDN_FINISH_STOP_TOKEN = 1,   /* an eos id or one of stop_tokens (the token is in the result) */
+    GDN_FINISH_STOP_STRING = 2,  /* one of stop_strings (the text ends before it) */
+    GDN_FINISH_LENGTH = 3,       /* max_tokens */
+    GDN_FINISH_CANCELLED = 4     /* the text callback returned 0 */
+} gdn_finish_reason;
+
+typedef struct gdn_generation_params {
+    uint32_t size;                      /* sizeof(gdn_generation_params) */
+    int32_t max_tokens;                 /* >= 1 (default 256) */
+    /* The sequence's sampling settings, read during the call (NULL: greedy). A pointer rather than
+     * an embedded struct so that either struct can grow without moving the other's fields. */
+    const gdn_sampling_params *sampling;
+    bool stop_on_eos;                   /* stop at the checkpoint's eos ids (default true) */
+    int32_t n_stop_tokens;              /* extra ids that end the sequence (default none) */
+    const gdn_token *stop_tokens;
+    int32_t n_stop_strings;             /* NUL-terminated UTF-8 strings matched in the text (default none) */
+    const char *const *stop_strings;
+    int32_t mtp_draft;                  /* > 0: MTP speculative decoding, up to this many drafts per step
+                                           (the context needs max_rollback_tokens >= mtp_draft + 1); 0: off */
+    bool mtp_adaptive;                  /* let the decoder lower the draft length (to 0) when drafting
+                                           does not pay (default true) */
+} gdn_generation_params;
+
+/* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */
+GDN_API gdn_status gdn_generation_params_init(gdn_generation_params *params);
+
+static inline gdn_generation_params gdn_generation_default_params(void) {
+    gdn_generation_params p;
+    p.size = (uint32_t)sizeof p;
+    (void)gdn_generation_params_init(&p);
+    return p;
+}
+
+/* Receives each piece of text of sequence `sequence` (the prompt's index in the call) as soon as it
+ * is final: never half a UTF-8 character, never the start of a stop string that may still complete.
+ * text is NUL-terminated and valid only during the call. Return nonzero to go on, 0 to stop that
+ * sequence (finish reason GDN_FINISH_CANCELLED). It runs on the calling thread and must not use the
+ * context. */
+typedef int (*gdn_text_callback)(void *user_data, int32_t sequence, const char *text, size_t len);
+
+/* The results of one gdn_generate / gdn_generate_batch call: one per prompt, read through the
+ * accessors below; everything they point to stays valid until gdn_generation_result_free. */
+typedef struct gdn_generation_result gdn_generation_result;
+
+/* Generates from one prompt (n_prompt >= 1 ids) with `tokenizer` (the checkpoint's; it turns tokens
+ * into text and is only read). params may be NULL (defaults); on_text may be NULL. On failure no
+ * sequence is left in the context and *out_result is not written.
+ * Returns OK, INVALID_ARGUMENT (max_tokens < 1, an empty prompt, mtp_draft and a context without
+ * enough max_rollback_tokens), UNSUPPORTED_MODEL (mtp_draft > 0 without an MTP head),
+ * OUT_OF_CAPACITY (no free slot), CONTEXT_OVERFLOW, INVALID_TOKEN. */
+GDN_API gdn_status gdn_generate(gdn_context *ctx, const gdn_tokenizer *tokenizer, const gdn_token *prompt, int64_t n_prompt,
+                                const gdn_generation_params *params, gdn_text_callback on_text, void *user_data,
+                                gdn_generation_result **out_result);
+
+/* Several prompts together: prompts[i] holds n_prompt_tokens[i] ids and is generated with
+ * params[i] (params may be NULL, and so may an element: defaults). All params must share mtp_draft.
+ * The callback's `sequence` is i. Statuses as gdn_generate. */
+GDN_API gdn_status gdn_generate_batch(gdn_context *ctx, const gdn_tokenizer *tokenizer, int32_t n_prompts,
+                                      const gdn_token *const *prompts, const int64_t *n_prompt_tokens,
+                                      const gdn_generation_params *const *params, gdn_text_callback on_text,
+                                      void *user_data, gdn_generation_result **out_result);
+
+GDN_API void gdn_generation_result_free(gdn_generation_result *result);
+/* Number of sequences (prompts) the result holds. */
+GDN_API gdn_status gdn_generation_result_count(const gdn_generation_result *result, int32_t *out_count);
+/* Sequence i's generated ids (a stop token included); *out_tokens may be NULL when there are none. */
+GDN_API gdn_status gdn_generation_result_tokens(const gdn_generation_result *result, int32_t i, const gdn_token **out_tokens,
+                                                int64_t *out_n_tokens);
+/* Sequence i's text, exactly the concatenation of the pieces the callback received: special tokens
+ * left out, cut before a stop string. NUL-terminated. */
+GDN_API gdn_status gdn_generation_result_text(const gdn_generation_result *result, int32_t i, const char **out_text,
+                                              size_t *out_len);
+
+typedef struct gdn_generation_info {
+    uint32_t size;                /* set by the caller: sizeof(gdn_generation_info) */
+    gdn_finish_reason finish;
+    int64_t prompt_tokens;
+    int64_t generated_tokens;
+    double prefill_seconds;       /* prompt processing (shared by all sequences of a batch) */
+    double decode_seconds;        /* everything after the first token */
+} gdn_generation_info;
+
+/* Fills *out_info for sequence i (out_info->size must be set). */
+GDN_API gdn_status gdn_generation_result_get_info(const gdn_generation_result *result, int32_t i,
+                                                  gdn_generation_info *out_info);
+
+/* ------------------------------------------------------------------------------------------ */
+/* MTP speculative decoding (gdn/runtime/speculative.hpp): the checkpoint's multi-token-prediction
+ * head drafts up to max_draft tokens, one main-model step verifies them, the longest agreeing
+ * prefix is kept (greedy: tokens identical to plain greedy decoding) or rejection sampling keeps
+ * the output distribution (temperature > 0), and the rest is rolled back exactly. gdn_generate with
+ * mtp_draft > 0 does all this; the handle below is for a host that runs its own loop. */
+
+typedef struct gdn_speculative_params {
+    uint32_t size;     /* sizeof(gdn_speculative_params) */
+    int32_t max_draft; /* drafted tokens per round, at most, in [0, 16] (default 3) */
+    bool adaptive;     /* choose the draft length in [0, max_draft] by measured speed (default true) */
+} gdn_speculative_params;
+
+/* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */
+GDN_API gdn_status gdn_speculative_params_init(gdn_speculative_params *params);
+
+static inline gdn_speculative_params gdn_speculative_default_params(void) {
+    gdn_speculative_params p;
+    p.size = (uint32_t)sizeof p;
+    (void)gdn_speculative_params_init(&p);
+    return p;
+}
+
+typedef struct gdn_speculative_stats {
+    uint32_t size;           /* set by the caller: sizeof(gdn_speculative_stats) */
+    int32_t k;               /* the current draft length */
+    int64_t rounds;          /* verify steps (and plain steps when k is 0) */
+    int64_t drafted;         /* draft tokens proposed */
+    int64_t accepted;        /* draft tokens accepted */
+    int64_t generated;       /* tokens produced */
+    int64_t draft_rounds;    /* rounds that drafted */
+} gdn_speculative_stats;
+
+/* The speculative statistics of the call's decoder (shared by all its sequences; all zero when
+ * mtp_draft was 0); i as for the other accessors. */
+GDN_API gdn_status gdn_generation_result_get_speculative_stats(const gdn_generation_result *result, int32_t i,
+                                                               gdn_speculative_stats *out_stats);
+
+typedef struct gdn_speculative gdn_speculative;
+
+/* A decoder on `ctx` (params may be NULL: defaults); it keeps the context alive, and is used from
+ * the context's thread. UNSUPPORTED_MODEL when the model has no MTP head (or was loaded without
+ * it); INVALID_ARGUMENT when max_draft is outside [0, 16] or the context's max_rollback_tokens is
+ * below max_draft + 1. */
+GDN_API gdn_status gdn_speculative_create(gdn_context *ctx, const gdn_speculative_params *params,
+                                          gdn_speculative **out_spec);
+GDN_API void gdn_speculative_free(gdn_speculative *spec);
+
+/* Prefills the prompt on `seq` (a fresh sequence of the context), catches the MTP layer up on it
+ * and draws the first token with `sampler` (which records the prompt), into *out_token. That token
+ * is pending: the next advance feeds it to the model. The decoder holds the sampler until
+ * gdn_speculative_finish(seq) or its own free. */
+GDN_API gdn_status gdn_speculative_start(gdn_speculative *spec, gdn_seq_id seq, const gdn_token *prompt, int64_t n_prompt,
+                                         gdn_sampler *sampler, gdn_token *out_token);
+
+/* One round for each of the n_seqs started sequences: sequence i gets 1 to k + 1 new tokens,
+ * written to out_tokens[i][0 .. out_counts[i]); each buffer holds `capacity` tokens, which must be
+ * at least max_draft + 1. The last token written is the new pending one. Tokens are written only
+ * on success. INVALID_SEQUENCE for a sequence that was not started (or finished); CONTEXT_OVERFLOW,
+ * before any work, when a sequence has fewer than max_draft + 1 positions left in the context. */
+GDN_API gdn_status gdn_speculative_advance(gdn_speculative *spec, const gdn_seq_id *seqs, int32_t n_seqs,
+                                           gdn_token *const *out_tokens, int64_t capacity, int64_t *out_counts);
+
+/* Stops tracking `seq` (the sequence itself stays in the context) and lets go of its sampler. */
+GDN_API gdn_status gdn_speculative_finish(gdn_speculative *spec, gdn_seq_id seq);
+
+/* Statistics over every sequence the decoder ran (out_stats->size must be set). */
+GDN_API gdn_status gdn_speculative_get_stats(const gdn_speculative *spec, gdn_speculative_stats *out_stats);
 
 #ifdef __cplusplus
 }  /* extern "C" */

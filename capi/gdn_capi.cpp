@@ -1,6 +1,8 @@
 // The C ABI (gdn.h) over the C++ API. Each entry point checks its handles and struct sizes, runs the
 // C++ call inside guard(), which turns every exception into a status plus this thread's last-error
-// message, and writes outputs only on success. Nothing here has logic of its own beyond that.
+// message, and writes outputs only on success. Nothing here has logic of its own beyond that, and
+// beyond what the C contract adds to the C++ one: handles that keep what they use alive, and calls
+// that change nothing when they fail (a refused speculative start puts its sampler back).
 
 #include "gdn.h"
 
@@ -12,10 +14,18 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "gdn/gdn.hpp"
 #include "gdn/diagnostics/doctor.hpp"
+#include "gdn/io/tokenizer.hpp"
+#include "gdn/runtime/generator.hpp"
+#include "gdn/runtime/sampling.hpp"
+#include "gdn/runtime/speculative.hpp"
+#include "gdn/text/chat_template.hpp"
 
 #ifndef GDN_VERSION_STRING
 #error "GDN_VERSION_STRING must be defined by the build (the CMake project version)"
@@ -42,13 +52,18 @@ GDN_SAME(GDN_BACKEND_CUDA, gdn::Backend::cuda);
 GDN_SAME(GDN_LOGITS_NONE, gdn::LogitsFor::none);
 GDN_SAME(GDN_LOGITS_LAST, gdn::LogitsFor::last);
 GDN_SAME(GDN_LOGITS_ALL, gdn::LogitsFor::all);
+GDN_SAME(GDN_FINISH_NONE, gdn::FinishReason::none);
+GDN_SAME(GDN_FINISH_STOP_TOKEN, gdn::FinishReason::stop_token);
+GDN_SAME(GDN_FINISH_STOP_STRING, gdn::FinishReason::stop_string);
+GDN_SAME(GDN_FINISH_LENGTH, gdn::FinishReason::length);
+GDN_SAME(GDN_FINISH_CANCELLED, gdn::FinishReason::cancelled);
 #undef GDN_SAME
 static_assert(std::is_same_v<gdn_token, gdn::Token>);
 static_assert(std::is_same_v<gdn_seq_id, gdn::SeqId>);
 static_assert(std::is_same_v<gdn_snapshot_id, gdn::SnapshotId>);
 // Enums inside structs must stay 4 bytes (ctypes and other FFIs declare them as c_int).
 static_assert(sizeof(gdn_status) == 4 && sizeof(gdn_state_dtype) == 4 && sizeof(gdn_backend) == 4 &&
-              sizeof(gdn_logits_mode) == 4);
+              sizeof(gdn_logits_mode) == 4 && sizeof(gdn_finish_reason) == 4);
 
 // ---------------------------------------------------------------------------------------------
 // Handles. The magic word turns a NULL, foreign (a context passed as a model, easy from ctypes) or
@@ -57,6 +72,11 @@ namespace {
 constexpr std::uint32_t model_magic = 0x4744'4d4c;    // "GDML"
 constexpr std::uint32_t context_magic = 0x4744'4358;  // "GDCX"
 constexpr std::uint32_t batch_magic = 0x4744'4254;    // "GDBT"
+constexpr std::uint32_t tokenizer_magic = 0x4744'544b;      // "GDTK"
+constexpr std::uint32_t stream_decoder_magic = 0x4744'5344;  // "GDSD"
+constexpr std::uint32_t sampler_magic = 0x4744'534d;         // "GDSM"
+constexpr std::uint32_t generation_magic = 0x4744'4752;      // "GDGR"
+constexpr std::uint32_t speculative_magic = 0x4744'5350;     // "GDSP"
 constexpr std::uint32_t dead_magic = 0xdead'0000;
 }  // namespace
 
@@ -67,7 +87,7 @@ struct gdn_model {
 
 struct gdn_context {
   std::uint32_t magic = context_magic;
-  std::unique_ptr<gdn::Context> ctx;
+  std::shared_ptr<gdn::Context> ctx;  // shared: a gdn_speculative keeps it alive
 };
 
 struct gdn_batch {
@@ -128,6 +148,11 @@ void check_handle(const H* h, std::uint32_t magic, const char* what) {
 void check(const gdn_model* m) { check_handle(m, model_magic, "model"); }
 void check(const gdn_context* c) { check_handle(c, context_magic, "context"); }
 void check(const gdn_batch* b) { check_handle(b, batch_magic, "batch"); }
+void check(const gdn_tokenizer* t);
+void check(const gdn_stream_decoder* d);
+void check(const gdn_sampler* s);
+void check(const gdn_generation_result* r);
+void check(const gdn_speculative* s);
 
 template <typename T>
 void check_out(T* p, const char* what) {
@@ -354,7 +379,7 @@ gdn_status gdn_context_create(gdn_model* model, const gdn_context_params* params
       default: invalid("backend " + std::to_string(enum_int(p.backend)) + " is not a gdn_backend");
     }
     auto handle = std::make_unique<gdn_context>();
-    handle->ctx = std::make_unique<gdn::Context>(model->model, cp);
+    handle->ctx = std::make_shared<gdn::Context>(model->model, cp);
     *out_ctx = handle.release();
   });
 }
@@ -673,6 +698,675 @@ gdn_status gdn_doctor_run(const char* model_dir, const gdn_doctor_params* params
     last_report.swap(json);
     if (out_json) *out_json = last_report.c_str();
     if (out_n_fail) *out_n_fail = static_cast<int32_t>(report.count(gdn::Verdict::fail));
+  });
+}
+
+}  // extern "C"
+
+// =============================================================================================
+// Text: tokenizer, stream decoder, chat template, sampling, generation, speculative decoding.
+
+struct gdn_tokenizer {
+  explicit gdn_tokenizer(gdn::Tokenizer t) : tok(std::move(t)) {}
+  std::uint32_t magic = tokenizer_magic;
+  gdn::Tokenizer tok;
+};
+
+struct gdn_stream_decoder {
+  gdn_stream_decoder(const gdn::Tokenizer& t, bool skip_special) : tok(t), dec(tok, skip_special) {}
+  gdn_stream_decoder(const gdn_stream_decoder&) = delete;  // `dec` points into this object
+  gdn_stream_decoder& operator=(const gdn_stream_decoder&) = delete;
+  std::uint32_t magic = stream_decoder_magic;
+  // A copy sharing the tables (declared before `dec`, which points to it): the decoder does not
+  // depend on the gdn_tokenizer handle staying alive.
+  gdn::Tokenizer tok;
+  gdn::StreamDecoder dec;
+  std::string text;  // the last push/flush's text, handed out by pointer
+};
+
+struct gdn_sampler {
+  std::uint32_t magic = sampler_magic;
+  // Shared: a gdn_speculative that samples a sequence with it holds it until the sequence ends.
+  std::shared_ptr<gdn::Sampler> sampler;
+};
+
+struct gdn_generation_result {
+  std::uint32_t magic = generation_magic;
+  std::vector<gdn::GenerationResult> results;
+};
+
+struct gdn_speculative {
+  gdn_speculative(std::shared_ptr<gdn::Context> c, const gdn::SpeculativeParams& p)
+      : ctx(std::move(c)), dec(*ctx, p), max_draft(p.max_draft) {}
+  std::uint32_t magic = speculative_magic;
+  std::shared_ptr<gdn::Context> ctx;  // declared first, so destroyed after the decoder that uses it
+  gdn::SpeculativeDecoder dec;
+  int max_draft;
+  std::unordered_map<gdn::SeqId, std::shared_ptr<gdn::Sampler>> samplers;  // of the started sequences
+};
+
+namespace {
+
+void check(const gdn_tokenizer* t) { check_handle(t, tokenizer_magic, "tokenizer"); }
+void check(const gdn_stream_decoder* d) { check_handle(d, stream_decoder_magic, "stream decoder"); }
+void check(const gdn_sampler* s) { check_handle(s, sampler_magic, "sampler"); }
+void check(const gdn_generation_result* r) { check_handle(r, generation_magic, "generation result"); }
+void check(const gdn_speculative* s) { check_handle(s, speculative_magic, "speculative decoder"); }
+
+#define GDN_END_OF(type, field) static_cast<std::uint32_t>(offsetof(type, field) + sizeof(type::field))
+constexpr std::uint32_t chat_params_v1 = GDN_END_OF(gdn_chat_params, preserve_thinking);
+constexpr std::uint32_t sampling_params_v1 = GDN_END_OF(gdn_sampling_params, seed);
+constexpr std::uint32_t generation_params_v1 = GDN_END_OF(gdn_generation_params, mtp_adaptive);
+constexpr std::uint32_t generation_info_v1 = GDN_END_OF(gdn_generation_info, decode_seconds);
+constexpr std::uint32_t speculative_params_v1 = GDN_END_OF(gdn_speculative_params, adaptive);
+constexpr std::uint32_t speculative_stats_v1 = GDN_END_OF(gdn_speculative_stats, draft_rounds);
+#undef GDN_END_OF
+
+constexpr std::uint32_t known_tokenizer_flags = GDN_TOKENIZE_SPECIAL_AS_TEXT | GDN_DECODE_SKIP_SPECIAL;
+
+void check_flags(std::uint32_t flags, std::uint32_t allowed) {
+  if ((flags & ~allowed) != 0)
+    invalid("flags " + std::to_string(flags) + " has bits this libgdn " GDN_VERSION_STRING " does not know or this call does not take");
+}
+
+void check_count(std::int64_t n, const void* p, const char* what) {
+  if (n < 0) invalid(std::string("the number of ") + what + " is " + std::to_string(n));
+  if (p == nullptr && n > 0) invalid(std::string(what) + " is NULL");
+}
+
+std::span<const gdn::Token> token_span(const gdn_token* tokens, std::int64_t n, const char* what) {
+  check_count(n, tokens, what);
+  return {tokens, static_cast<std::size_t>(n)};
+}
+
+// "Caller buffers" in gdn.h: the arguments are checked before any work is done ...
+void check_buffer(const void* buf, std::int64_t capacity, const void* out_n, const char* buf_name, const char* n_name) {
+  check_out(out_n, n_name);
+  if (capacity < 0) invalid(std::string("the capacity of ") + buf_name + " is " + std::to_string(capacity));
+  if (buf == nullptr && capacity != 0)
+    invalid(std::string(buf_name) + " is NULL with capacity " + std::to_string(capacity) + " (a size query passes 0)");
+}
+
+// ... then the result is delivered: a size query, too small (the size needed still written), or whole.
+void deliver_ids(const std::vector<gdn::Token>& ids, gdn_token* out, std::int64_t capacity, int64_t* out_n) {
+  const auto n = static_cast<std::int64_t>(ids.size());
+  *out_n = n;
+  if (out == nullptr) return;
+  if (capacity < n)
+    throw gdn::Error(gdn::Status::out_of_capacity,
+                     "out_ids holds " + std::to_string(capacity) + " ids, the result needs " + std::to_string(n));
+  std::copy(ids.begin(), ids.end(), out);
+}
+
+void deliver_text(const std::string& text, char* out, std::size_t capacity, std::size_t* out_len) {
+  *out_len = text.size();
+  if (out == nullptr) return;
+  if (capacity < text.size() + 1)
+    throw gdn::Error(gdn::Status::out_of_capacity, "out_text holds " + std::to_string(capacity) + " bytes, the text needs " +
+                                                       std::to_string(text.size() + 1) + " (with its NUL)");
+  std::memcpy(out, text.data(), text.size());
+  out[text.size()] = '\0';
+}
+
+void check_text_buffer(const char* out, std::size_t capacity, const std::size_t* out_len) {
+  check_out(out_len, "out_len");
+  if (out == nullptr && capacity != 0)
+    invalid("out_text is NULL with capacity " + std::to_string(capacity) + " (a size query passes 0)");
+}
+
+gdn_chat_params default_chat_params() {
+  const gdn::ChatOptions d;
+  gdn_chat_params p;
+  std::memset(&p, 0, sizeof p);
+  p.size = sizeof p;
+  p.add_generation_prompt = d.add_generation_prompt;
+  p.enable_thinking = d.enable_thinking;
+  p.preserve_thinking = d.preserve_thinking;
+  return p;
+}
+
+gdn_sampling_params default_sampling_params() {
+  const gdn::SamplingParams d;
+  gdn_sampling_params p;
+  std::memset(&p, 0, sizeof p);
+  p.size = sizeof p;
+  p.temperature = d.temperature;
+  p.top_k = d.top_k;
+  p.top_p = d.top_p;
+  p.min_p = d.min_p;
+  p.repetition_penalty = d.repetition_penalty;
+  p.presence_penalty = d.presence_penalty;
+  p.seed = d.seed;
+  return p;
+}
+
+gdn::SamplingParams to_cpp(const gdn_sampling_params* in) {
+  gdn_sampling_params p = default_sampling_params();
+  read_struct(in, p, sampling_params_v1, "gdn_sampling_params");
+  gdn::SamplingParams s;
+  s.temperature = p.temperature;
+  s.top_k = p.top_k;
+  s.top_p = p.top_p;
+  s.min_p = p.min_p;
+  s.repetition_penalty = p.repetition_penalty;
+  s.presence_penalty = p.presence_penalty;
+  s.seed = p.seed;
+  return s;
+}
+
+gdn_generation_params default_generation_params() {
+  const gdn::GenerationParams d;
+  gdn_generation_params p;
+  std::memset(&p, 0, sizeof p);
+  p.size = sizeof p;
+  p.max_tokens = d.max_tokens;
+  p.sampling = nullptr;
+  p.stop_on_eos = d.stop_on_eos;
+  p.mtp_draft = d.mtp_draft;
+  p.mtp_adaptive = d.mtp_adaptive;
+  return p;
+}
+
+gdn::GenerationParams to_cpp(const gdn_generation_params* in) {
+  gdn_generation_params p = default_generation_params();
+  read_struct(in, p, generation_params_v1, "gdn_generation_params");
+  gdn::GenerationParams g;
+  g.sampling = to_cpp(p.sampling);
+  g.max_tokens = p.max_tokens;
+  g.stop_on_eos = p.stop_on_eos;
+  check_count(p.n_stop_tokens, p.stop_tokens, "stop_tokens");
+  g.stop_tokens.assign(p.stop_tokens, p.stop_tokens + p.n_stop_tokens);
+  check_count(p.n_stop_strings, p.stop_strings, "stop_strings");
+  for (std::int32_t i = 0; i < p.n_stop_strings; ++i) {
+    if (p.stop_strings[i] == nullptr) invalid("stop_strings[" + std::to_string(i) + "] is NULL");
+    g.stop_strings.emplace_back(p.stop_strings[i]);
+  }
+  g.mtp_draft = p.mtp_draft;
+  g.mtp_adaptive = p.mtp_adaptive;
+  return g;
+}
+
+gdn_speculative_params default_speculative_params() {
+  const gdn::SpeculativeParams d;
+  gdn_speculative_params p;
+  std::memset(&p, 0, sizeof p);
+  p.size = sizeof p;
+  p.max_draft = d.max_draft;
+  p.adaptive = d.adaptive;
+  return p;
+}
+
+void write_stats(const gdn::SpeculativeStats& s, gdn_speculative_stats* out) {
+  gdn_speculative_stats v;
+  std::memset(&v, 0, sizeof v);
+  v.size = sizeof v;
+  v.k = s.k;
+  v.rounds = s.rounds;
+  v.drafted = s.drafted;
+  v.accepted = s.accepted;
+  v.generated = s.generated;
+  v.draft_rounds = s.draft_rounds;
+  write_struct(out, v, speculative_stats_v1, "gdn_speculative_stats");
+}
+
+template <typename F>
+gdn_status load_tokenizer(const char* fn, gdn_tokenizer** out, F&& load) {
+  return guard(fn, [&] {
+    check_out(out, "out_tokenizer");
+    auto handle = std::make_unique<gdn_tokenizer>(load());
+    *out = handle.release();
+  });
+}
+
+const gdn::GenerationResult& result_at(const gdn_generation_result* r, std::int32_t i) {
+  check(r);
+  if (i < 0 || static_cast<std::size_t>(i) >= r->results.size())
+    invalid("sequence " + std::to_string(i) + " of a result of " + std::to_string(r->results.size()));
+  return r->results[static_cast<std::size_t>(i)];
+}
+
+// Runs the Generator with the C callback; the result handle is made only when it succeeded.
+gdn_generation_result* run_generate(gdn_context* ctx, const gdn_tokenizer* tokenizer,
+                                    std::span<const std::vector<gdn::Token>> prompts,
+                                    std::span<const gdn::GenerationParams> params, gdn_text_callback on_text,
+                                    void* user_data) {
+  auto handle = std::make_unique<gdn_generation_result>();  // allocated first: no failure after the work
+  gdn::TextCallback cb;
+  std::string piece;  // NUL-terminated copy of each piece for the C callback
+  if (on_text != nullptr)
+    cb = [&](std::size_t i, std::string_view text) {
+      piece.assign(text);
+      return on_text(user_data, static_cast<int32_t>(i), piece.c_str(), piece.size()) != 0;
+    };
+  // The eos ids are read from the checkpoint directory at each call, as `gdn generate` does:
+  // config.json and generation_config.json (the model's config holds only the former's).
+  gdn::Generator gen(*ctx->ctx, tokenizer->tok, gdn::load_eos_token_ids(ctx->ctx->model().dir()));
+  handle->results = gen.generate(prompts, params, cb);
+  return handle.release();
+}
+
+}  // namespace
+
+extern "C" {
+
+// --- tokenizer -------------------------------------------------------------------------------
+
+gdn_status gdn_tokenizer_load(const char* path, gdn_tokenizer** out_tokenizer) {
+  return load_tokenizer("gdn_tokenizer_load", out_tokenizer, [&] {
+    if (path == nullptr) invalid("path is NULL");
+    return gdn::Tokenizer::load(path);
+  });
+}
+
+gdn_status gdn_tokenizer_load_model_dir(const char* model_dir, gdn_tokenizer** out_tokenizer) {
+  return load_tokenizer("gdn_tokenizer_load_model_dir", out_tokenizer, [&] {
+    if (model_dir == nullptr) invalid("model_dir is NULL");
+    std::string path = model_dir;
+    if (!path.empty() && path.back() != '/') path += '/';
+    return gdn::Tokenizer::load(path + "tokenizer.json");
+  });
+}
+
+gdn_status gdn_tokenizer_load_json(const char* json, size_t json_len, gdn_tokenizer** out_tokenizer) {
+  return load_tokenizer("gdn_tokenizer_load_json", out_tokenizer, [&] {
+    if (json == nullptr) invalid("json is NULL");
+    return gdn::Tokenizer::from_json(std::string_view(json, json_len));
+  });
+}
+
+void gdn_tokenizer_free(gdn_tokenizer* tokenizer) {
+  if (tokenizer == nullptr || tokenizer->magic != tokenizer_magic) return;
+  tokenizer->magic = dead_magic;
+  delete tokenizer;
+}
+
+gdn_status gdn_tokenizer_vocab_size(const gdn_tokenizer* tokenizer, int32_t* out_vocab_size) {
+  return guard("gdn_tokenizer_vocab_size", [&] {
+    check(tokenizer);
+    check_out(out_vocab_size, "out_vocab_size");
+    *out_vocab_size = tokenizer->tok.vocab_size();
+  });
+}
+
+gdn_status gdn_tokenizer_encode(const gdn_tokenizer* tokenizer, const char* text, size_t text_len, uint32_t flags,
+                                gdn_token* out_ids, int64_t capacity, int64_t* out_n_ids) {
+  return guard("gdn_tokenizer_encode", [&] {
+    check(tokenizer);
+    if (text == nullptr && text_len > 0) invalid("text is NULL");
+    check_flags(flags, GDN_TOKENIZE_SPECIAL_AS_TEXT);
+    check_buffer(out_ids, capacity, out_n_ids, "out_ids", "out_n_ids");
+    const std::string_view t = text_len > 0 ? std::string_view(text, text_len) : std::string_view();
+    deliver_ids(tokenizer->tok.encode(t, (flags & GDN_TOKENIZE_SPECIAL_AS_TEXT) == 0), out_ids, capacity, out_n_ids);
+  });
+}
+
+gdn_status gdn_tokenizer_decode(const gdn_tokenizer* tokenizer, const gdn_token* ids, int64_t n_ids, uint32_t flags,
+                                char* out_text, size_t capacity, size_t* out_len) {
+  return guard("gdn_tokenizer_decode", [&] {
+    check(tokenizer);
+    const auto span = token_span(ids, n_ids, "ids");
+    check_flags(flags, GDN_DECODE_SKIP_SPECIAL);
+    check_text_buffer(out_text, capacity, out_len);
+    deliver_text(tokenizer->tok.decode(span, (flags & GDN_DECODE_SKIP_SPECIAL) != 0), out_text, capacity, out_len);
+  });
+}
+
+gdn_status gdn_tokenizer_token_to_id(const gdn_tokenizer* tokenizer, const char* token, size_t token_len, gdn_token* out_id) {
+  return guard("gdn_tokenizer_token_to_id", [&] {
+    check(tokenizer);
+    check_out(out_id, "out_id");
+    if (token == nullptr && token_len > 0) invalid("token is NULL");
+    const auto id = tokenizer->tok.token_to_id(token_len > 0 ? std::string_view(token, token_len) : std::string_view());
+    *out_id = id ? *id : -1;
+  });
+}
+
+gdn_status gdn_tokenizer_id_to_token(const gdn_tokenizer* tokenizer, gdn_token id, const char** out_token, size_t* out_len,
+                                     bool* out_is_special) {
+  return guard("gdn_tokenizer_id_to_token", [&] {
+    check(tokenizer);
+    check_out(out_token, "out_token");
+    check_out(out_len, "out_len");
+    const std::string& s = tokenizer->tok.id_to_token(id);  // INVALID_TOKEN when out of range
+    const bool special = tokenizer->tok.is_special(id);
+    *out_token = s.c_str();
+    *out_len = s.size();
+    if (out_is_special != nullptr) *out_is_special = special;
+  });
+}
+
+// --- stream decoder --------------------------------------------------------------------------
+
+gdn_status gdn_stream_decoder_create(const gdn_tokenizer* tokenizer, uint32_t flags, gdn_stream_decoder** out_decoder) {
+  return guard("gdn_stream_decoder_create", [&] {
+    check(tokenizer);
+    check_out(out_decoder, "out_decoder");
+    check_flags(flags, GDN_DECODE_SKIP_SPECIAL);
+    auto handle = std::make_unique<gdn_stream_decoder>(tokenizer->tok, (flags & GDN_DECODE_SKIP_SPECIAL) != 0);
+    *out_decoder = handle.release();
+  });
+}
+
+void gdn_stream_decoder_free(gdn_stream_decoder* decoder) {
+  if (decoder == nullptr || decoder->magic != stream_decoder_magic) return;
+  decoder->magic = dead_magic;
+  delete decoder;
+}
+
+gdn_status gdn_stream_decoder_push(gdn_stream_decoder* decoder, gdn_token id, const char** out_text, size_t* out_len) {
+  return guard("gdn_stream_decoder_push", [&] {
+    check(decoder);
+    check_out(out_text, "out_text");
+    check_out(out_len, "out_len");
+    decoder->text = decoder->dec.push(id);  // checks the id before it changes anything
+    *out_text = decoder->text.c_str();
+    *out_len = decoder->text.size();
+  });
+}
+
+gdn_status gdn_stream_decoder_flush(gdn_stream_decoder* decoder, const char** out_text, size_t* out_len) {
+  return guard("gdn_stream_decoder_flush", [&] {
+    check(decoder);
+    check_out(out_text, "out_text");
+    check_out(out_len, "out_len");
+    decoder->text = decoder->dec.flush();
+    *out_text = decoder->text.c_str();
+    *out_len = decoder->text.size();
+  });
+}
+
+gdn_status gdn_stream_decoder_reset(gdn_stream_decoder* decoder) {
+  return guard("gdn_stream_decoder_reset", [&] {
+    check(decoder);
+    decoder->dec.reset();
+  });
+}
+
+// --- chat template ---------------------------------------------------------------------------
+
+gdn_status gdn_chat_params_init(gdn_chat_params* params) {
+  return guard("gdn_chat_params_init", [&] { init_struct(params, default_chat_params(), chat_params_v1, "gdn_chat_params"); });
+}
+
+gdn_status gdn_chat_render(const char* const* roles, const char* const* contents, const char* const* reasoning_contents,
+                           size_t n_messages, const gdn_chat_params* params, char* out_text, size_t capacity,
+                           size_t* out_len) {
+  return guard("gdn_chat_render", [&] {
+    if (n_messages > 0 && roles == nullptr) invalid("roles is NULL");
+    if (n_messages > 0 && contents == nullptr) invalid("contents is NULL");
+    gdn_chat_params p = default_chat_params();
+    read_struct(params, p, chat_params_v1, "gdn_chat_params");
+    check_text_buffer(out_text, capacity, out_len);
+    std::vector<gdn::ChatMessage> messages(n_messages);
+    for (std::size_t i = 0; i < n_messages; ++i) {
+      if (roles[i] == nullptr) invalid("roles[" + std::to_string(i) + "] is NULL");
+      messages[i].role = roles[i];
+      if (contents[i] != nullptr) messages[i].content = contents[i];
+      if (reasoning_contents != nullptr && reasoning_contents[i] != nullptr) messages[i].reasoning_content = reasoning_contents[i];
+    }
+    gdn::ChatOptions o;
+    o.add_generation_prompt = p.add_generation_prompt;
+    o.enable_thinking = p.enable_thinking;
+    o.preserve_thinking = p.preserve_thinking;
+    deliver_text(gdn::render_chat(messages, o), out_text, capacity, out_len);
+  });
+}
+
+// --- sampling --------------------------------------------------------------------------------
+
+gdn_status gdn_sampling_params_init(gdn_sampling_params* params) {
+  return guard("gdn_sampling_params_init",
+               [&] { init_struct(params, default_sampling_params(), sampling_params_v1, "gdn_sampling_params"); });
+}
+
+gdn_status gdn_sampler_create(const gdn_sampling_params* params, int32_t vocab_size, gdn_sampler** out_sampler) {
+  return guard("gdn_sampler_create", [&] {
+    check_out(out_sampler, "out_sampler");
+    auto handle = std::make_unique<gdn_sampler>();
+    handle->sampler = std::make_shared<gdn::Sampler>(to_cpp(params), vocab_size);  // validates the settings
+    *out_sampler = handle.release();
+  });
+}
+
+void gdn_sampler_free(gdn_sampler* sampler) {
+  if (sampler == nullptr || sampler->magic != sampler_magic) return;
+  sampler->magic = dead_magic;
+  delete sampler;
+}
+
+gdn_status gdn_sampler_observe(gdn_sampler* sampler, const gdn_token* tokens, int64_t n_tokens) {
+  return guard("gdn_sampler_observe", [&] {
+    check(sampler);
+    sampler->sampler->observe(token_span(tokens, n_tokens, "tokens"));
+  });
+}
+
+gdn_status gdn_sampler_sample(gdn_sampler* sampler, const float* logits, int64_t n_logits, gdn_token* out_token) {
+  return guard("gdn_sampler_sample", [&] {
+    check(sampler);
+    check_out(out_token, "out_token");
+    check_count(n_logits, logits, "logits");
+    *out_token = sampler->sampler->sample(std::span<const float>(logits, static_cast<std::size_t>(n_logits)));
+  });
+}
+
+gdn_status gdn_sampler_sample_row(gdn_sampler* sampler, const gdn_context* ctx, int64_t row, gdn_token* out_token) {
+  return guard("gdn_sampler_sample_row", [&] {
+    check(sampler);
+    check(ctx);
+    check_out(out_token, "out_token");
+    *out_token = sampler->sampler->sample(ctx->ctx->logits(row));
+  });
+}
+
+gdn_status gdn_sampler_distribution(const gdn_sampler* sampler, const float* logits, int64_t n_logits, float* probs,
+                                    int64_t capacity) {
+  return guard("gdn_sampler_distribution", [&] {
+    check(sampler);
+    check_count(n_logits, logits, "logits");
+    if (probs == nullptr) invalid("probs is NULL");
+    if (capacity < n_logits)
+      invalid("probs holds " + std::to_string(capacity) + " floats, the distribution needs " + std::to_string(n_logits));
+    sampler->sampler->distribution(std::span<const float>(logits, static_cast<std::size_t>(n_logits)),
+                                   std::span<float>(probs, static_cast<std::size_t>(n_logits)));
+  });
+}
+
+// --- generation ------------------------------------------------------------------------------
+
+gdn_status gdn_generation_params_init(gdn_generation_params* params) {
+  return guard("gdn_generation_params_init",
+               [&] { init_struct(params, default_generation_params(), generation_params_v1, "gdn_generation_params"); });
+}
+
+gdn_status gdn_generate(gdn_context* ctx, const gdn_tokenizer* tokenizer, const gdn_token* prompt, int64_t n_prompt,
+                        const gdn_generation_params* params, gdn_text_callback on_text, void* user_data,
+                        gdn_generation_result** out_result) {
+  return guard("gdn_generate", [&] {
+    check(ctx);
+    check(tokenizer);
+    check_out(out_result, "out_result");
+    const auto span = token_span(prompt, n_prompt, "prompt");
+    const std::vector<gdn::Token> prompts[1] = {std::vector<gdn::Token>(span.begin(), span.end())};
+    const gdn::GenerationParams gp[1] = {to_cpp(params)};
+    *out_result = run_generate(ctx, tokenizer, prompts, gp, on_text, user_data);
+  });
+}
+
+gdn_status gdn_generate_batch(gdn_context* ctx, const gdn_tokenizer* tokenizer, int32_t n_prompts,
+                              const gdn_token* const* prompts, const int64_t* n_prompt_tokens,
+                              const gdn_generation_params* const* params, gdn_text_callback on_text, void* user_data,
+                              gdn_generation_result** out_result) {
+  return guard("gdn_generate_batch", [&] {
+    check(ctx);
+    check(tokenizer);
+    check_out(out_result, "out_result");
+    if (n_prompts < 1) invalid("n_prompts is " + std::to_string(n_prompts));
+    if (prompts == nullptr) invalid("prompts is NULL");
+    if (n_prompt_tokens == nullptr) invalid("n_prompt_tokens is NULL");
+    std::vector<std::vector<gdn::Token>> ps;
+    std::vector<gdn::GenerationParams> gps;
+    for (std::int32_t i = 0; i < n_prompts; ++i) {
+      const auto span = token_span(prompts[i], n_prompt_tokens[i], "prompts[i]");
+      ps.emplace_back(span.begin(), span.end());
+      gps.push_back(to_cpp(params != nullptr ? params[i] : nullptr));
+    }
+    *out_result = run_generate(ctx, tokenizer, ps, gps, on_text, user_data);
+  });
+}
+
+void gdn_generation_result_free(gdn_generation_result* result) {
+  if (result == nullptr || result->magic != generation_magic) return;
+  result->magic = dead_magic;
+  delete result;
+}
+
+gdn_status gdn_generation_result_count(const gdn_generation_result* result, int32_t* out_count) {
+  return guard("gdn_generation_result_count", [&] {
+    check(result);
+    check_out(out_count, "out_count");
+    *out_count = static_cast<int32_t>(result->results.size());
+  });
+}
+
+gdn_status gdn_generation_result_tokens(const gdn_generation_result* result, int32_t i, const gdn_token** out_tokens,
+                                        int64_t* out_n_tokens) {
+  return guard("gdn_generation_result_tokens", [&] {
+    const gdn::GenerationResult& r = result_at(result, i);
+    check_out(out_tokens, "out_tokens");
+    check_out(out_n_tokens, "out_n_tokens");
+    *out_tokens = r.tokens.empty() ? nullptr : r.tokens.data();
+    *out_n_tokens = static_cast<int64_t>(r.tokens.size());
+  });
+}
+
+gdn_status gdn_generation_result_text(const gdn_generation_result* result, int32_t i, const char** out_text, size_t* out_len) {
+  return guard("gdn_generation_result_text", [&] {
+    const gdn::GenerationResult& r = result_at(result, i);
+    check_out(out_text, "out_text");
+    check_out(out_len, "out_len");
+    *out_text = r.text.c_str();
+    *out_len = r.text.size();
+  });
+}
+
+gdn_status gdn_generation_result_get_info(const gdn_generation_result* result, int32_t i, gdn_generation_info* out_info) {
+  return guard("gdn_generation_result_get_info", [&] {
+    const gdn::GenerationResult& r = result_at(result, i);
+    gdn_generation_info v;
+    std::memset(&v, 0, sizeof v);
+    v.size = sizeof v;
+    v.finish = static_cast<gdn_finish_reason>(r.finish);
+    v.prompt_tokens = r.prompt_tokens;
+    v.generated_tokens = static_cast<int64_t>(r.tokens.size());
+    v.prefill_seconds = r.prefill_seconds;
+    v.decode_seconds = r.decode_seconds;
+    write_struct(out_info, v, generation_info_v1, "gdn_generation_info");
+  });
+}
+
+gdn_status gdn_generation_result_get_speculative_stats(const gdn_generation_result* result, int32_t i,
+                                                       gdn_speculative_stats* out_stats) {
+  return guard("gdn_generation_result_get_speculative_stats", [&] { write_stats(result_at(result, i).speculative, out_stats); });
+}
+
+// --- speculative decoding --------------------------------------------------------------------
+
+gdn_status gdn_speculative_params_init(gdn_speculative_params* params) {
+  return guard("gdn_speculative_params_init",
+               [&] { init_struct(params, default_speculative_params(), speculative_params_v1, "gdn_speculative_params"); });
+}
+
+gdn_status gdn_speculative_create(gdn_context* ctx, const gdn_speculative_params* params, gdn_speculative** out_spec) {
+  return guard("gdn_speculative_create", [&] {
+    check(ctx);
+    check_out(out_spec, "out_spec");
+    gdn_speculative_params p = default_speculative_params();
+    read_struct(params, p, speculative_params_v1, "gdn_speculative_params");
+    // The C++ constructor refuses a model without an MTP head (UNSUPPORTED_MODEL), a max_draft out
+    // of range and a context that cannot roll back max_draft + 1 tokens (INVALID_ARGUMENT).
+    auto handle = std::make_unique<gdn_speculative>(ctx->ctx, gdn::SpeculativeParams{p.max_draft, p.adaptive});
+    *out_spec = handle.release();
+  });
+}
+
+void gdn_speculative_free(gdn_speculative* spec) {
+  if (spec == nullptr || spec->magic != speculative_magic) return;
+  spec->magic = dead_magic;
+  delete spec;
+}
+
+gdn_status gdn_speculative_start(gdn_speculative* spec, gdn_seq_id seq, const gdn_token* prompt, int64_t n_prompt,
+                                 gdn_sampler* sampler, gdn_token* out_token) {
+  return guard("gdn_speculative_start", [&] {
+    check(spec);
+    check(sampler);
+    check_out(out_token, "out_token");
+    const auto span = token_span(prompt, n_prompt, "prompt");
+    std::shared_ptr<gdn::Sampler> s = sampler->sampler;
+    // Reserve the map entry first, so nothing can fail once the decoder has taken the sequence.
+    auto& slot = spec->samplers[seq];
+    std::shared_ptr<gdn::Sampler> previous = slot;
+    // start() records the prompt in the sampler before its step can fail: keep a copy to put back.
+    const gdn::Sampler saved = *s;
+    try {
+      const gdn::Token first = spec->dec.start(seq, span, *s);
+      slot = std::move(s);
+      *out_token = first;
+    } catch (...) {
+      *sampler->sampler = saved;
+      if (previous) slot = std::move(previous);
+      else spec->samplers.erase(seq);
+      throw;
+    }
+  });
+}
+
+gdn_status gdn_speculative_advance(gdn_speculative* spec, const gdn_seq_id* seqs, int32_t n_seqs, gdn_token* const* out_tokens,
+                                   int64_t capacity, int64_t* out_counts) {
+  return guard("gdn_speculative_advance", [&] {
+    check(spec);
+    check_count(n_seqs, seqs, "seqs");
+    if (n_seqs > 0 && out_tokens == nullptr) invalid("out_tokens is NULL");
+    if (n_seqs > 0 && out_counts == nullptr) invalid("out_counts is NULL");
+    if (capacity < spec->max_draft + 1)
+      invalid("each out_tokens buffer must hold max_draft + 1 = " + std::to_string(spec->max_draft + 1) + " tokens, capacity is " +
+              std::to_string(capacity));
+    const gdn::Context& c = *spec->ctx;
+    std::unordered_set<gdn::SeqId> seen;
+    for (std::int32_t i = 0; i < n_seqs; ++i) {
+      if (out_tokens[i] == nullptr) invalid("out_tokens[" + std::to_string(i) + "] is NULL");
+      if (!seen.insert(seqs[i]).second) invalid("sequence " + std::to_string(seqs[i]) + " appears twice");
+      if (spec->samplers.count(seqs[i]) == 0)
+        throw gdn::Error(gdn::Status::invalid_sequence, "sequence " + std::to_string(seqs[i]) + " was not started");
+      // Refused here, before any work, rather than by the verify step after the drafts.
+      if (c.sequence_length(seqs[i]) + spec->max_draft + 1 > c.params().max_context)
+        throw gdn::Error(gdn::Status::context_overflow, "sequence " + std::to_string(seqs[i]) + " has fewer than max_draft + 1 = " +
+                                                            std::to_string(spec->max_draft + 1) + " positions left");
+    }
+    std::vector<std::vector<gdn::Token>> produced(static_cast<std::size_t>(n_seqs));
+    std::vector<std::vector<gdn::Token>*> outs;
+    for (auto& v : produced) outs.push_back(&v);
+    spec->dec.advance(std::span<const gdn::SeqId>(seqs, static_cast<std::size_t>(n_seqs)), outs);
+    for (std::size_t i = 0; i < produced.size(); ++i) {
+      std::copy(produced[i].begin(), produced[i].end(), out_tokens[i]);
+      out_counts[i] = static_cast<int64_t>(produced[i].size());
+    }
+  });
+}
+
+gdn_status gdn_speculative_finish(gdn_speculative* spec, gdn_seq_id seq) {
+  return guard("gdn_speculative_finish", [&] {
+    check(spec);
+    spec->dec.finish(seq);
+    spec->samplers.erase(seq);
+  });
+}
+
+gdn_status gdn_speculative_get_stats(const gdn_speculative* spec, gdn_speculative_stats* out_stats) {
+  return guard("gdn_speculative_get_stats", [&] {
+    check(spec);
+    write_stats(spec->dec.stats(), out_stats);
   });
 }
 

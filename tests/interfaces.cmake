@@ -4,12 +4,14 @@
 set(GDN_TEST_MODEL ${CMAKE_CURRENT_SOURCE_DIR}/fixtures/models/qwen35_cond_mtp)
 
 gdn_add_test(test_capi test_capi.cpp)
+target_link_libraries(test_capi PRIVATE ZLIB::ZLIB)  # reads the gzip-compressed Qwen tokenizer asset
 
 add_executable(test_capi_c test_capi_c.c)
-target_link_libraries(test_capi_c PRIVATE gdn_shared)
+target_link_libraries(test_capi_c PRIVATE gdn_shared ZLIB::ZLIB)
 set_target_properties(test_capi_c PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
 target_compile_options(test_capi_c PRIVATE -Wall -Wextra -Wpedantic -Werror)
-add_test(NAME test_capi_c COMMAND test_capi_c ${GDN_TEST_MODEL})
+add_test(NAME test_capi_c COMMAND test_capi_c ${GDN_TEST_MODEL} ${PROJECT_SOURCE_DIR}/models/gdn-tiny
+                                  ${CMAKE_CURRENT_SOURCE_DIR}/assets/qwen35_tokenizer/tokenizer.json.gz)
 
 add_test(NAME capi_exported_symbols
          COMMAND ${CMAKE_COMMAND} -DLIBRARY=$<TARGET_FILE:gdn_shared> -DSYMBOLS=${PROJECT_SOURCE_DIR}/capi/gdn.symbols
@@ -24,6 +26,11 @@ if(GDN_BUILD_EXAMPLES)
   add_test(NAME example_c COMMAND gdn_c_example ${GDN_TEST_MODEL})
   add_test(NAME example_cpp COMMAND gdn_cpp_example ${GDN_TEST_MODEL})
   set_tests_properties(example_c example_cpp PROPERTIES PASS_REGULAR_EXPRESSION "seq 2 \\(")
+  # Generation from C on the trained model: its answer, plain and with MTP speculative decoding.
+  add_test(NAME example_c_generate COMMAND gdn_c_generate ${PROJECT_SOURCE_DIR}/models/gdn-tiny "reverse 12478 =")
+  add_test(NAME example_c_generate_mtp COMMAND gdn_c_generate ${PROJECT_SOURCE_DIR}/models/gdn-tiny "reverse 12478 =" 2)
+  set_tests_properties(example_c_generate example_c_generate_mtp PROPERTIES
+                       PASS_REGULAR_EXPRESSION "^87421\n\\[finish: stop_token, 8 prompt tokens, 6 generated\\]")
 endif()
 
 # Python: the interpreter of the project's virtual environment (.venv, made by

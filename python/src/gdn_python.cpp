@@ -1,6 +1,7 @@
 // The Python module `gdn`: a thin pybind11 binding of libgdn's C++ API. It adds no behaviour of its
 // own: the C++ objects are exposed as they are, gdn::Error becomes a gdn.Error subclass per status
-// (with .status and the library's message), and step() runs without the GIL.
+// (with .status and the library's message), and step(), generation and speculative decoding run
+// without the GIL (a text callback takes it back for each piece).
 //
 // Outputs are numpy views, not copies: Context.logits() / hidden() return read-only float32 arrays
 // over the context's own buffers, which keep the Context alive (the array's base). Like the C++
@@ -17,9 +18,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "gdn/gdn.hpp"
 #include "gdn/diagnostics/doctor.hpp"
+#include "gdn/io/tokenizer.hpp"
+#include "gdn/runtime/generator.hpp"
+#include "gdn/runtime/sampling.hpp"
+#include "gdn/runtime/speculative.hpp"
+#include "gdn/text/chat_template.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -88,6 +96,73 @@ using Tokens = py::array_t<gdn::Token, py::array::c_style | py::array::forcecast
 std::span<const gdn::Token> token_span(const Tokens& t) {
   if (t.ndim() > 1) throw gdn::Error(gdn::Status::invalid_argument, "tokens must be a 1-d sequence of token ids");
   return {t.data(), static_cast<std::size_t>(t.size())};
+}
+
+// A StreamDecoder with its own copy of the tokenizer (copies share the tables), so the Python
+// Tokenizer may go away first. `tok` is declared before `dec`, which points to it.
+struct StreamDecoderHandle {
+  StreamDecoderHandle(const gdn::Tokenizer& t, bool skip_special) : tok(t), dec(tok, skip_special) {}
+  StreamDecoderHandle(const StreamDecoderHandle&) = delete;  // `dec` points into this object
+  StreamDecoderHandle& operator=(const StreamDecoderHandle&) = delete;
+  gdn::Tokenizer tok;
+  gdn::StreamDecoder dec;
+};
+
+// A Generator with its own copy of the tokenizer; the Context is kept alive by keep_alive.
+struct GeneratorHandle {
+  GeneratorHandle(gdn::Context& ctx, const gdn::Tokenizer& t, std::vector<gdn::Token> eos) : tok(t), gen(ctx, tok, std::move(eos)) {}
+  GeneratorHandle(const GeneratorHandle&) = delete;  // `gen` refers to `tok`
+  GeneratorHandle& operator=(const GeneratorHandle&) = delete;
+  gdn::Tokenizer tok;
+  gdn::Generator gen;
+};
+
+using Floats = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+std::span<const float> float_span(const Floats& a) {
+  if (a.ndim() != 1) throw gdn::Error(gdn::Status::invalid_argument, "logits must be a 1-d array of vocab_size floats");
+  return {a.data(), static_cast<std::size_t>(a.size())};
+}
+
+// [{"role": ..., "content": ..., "reasoning_content": ...}, ...], as transformers takes them.
+std::vector<gdn::ChatMessage> chat_messages(const py::iterable& messages) {
+  std::vector<gdn::ChatMessage> out;
+  for (const py::handle item : messages) {
+    if (!py::isinstance<py::dict>(item))
+      throw gdn::Error(gdn::Status::invalid_argument, "each message must be a dict with 'role' and 'content'");
+    const auto d = py::reinterpret_borrow<py::dict>(item);
+    if (!d.contains("role")) throw gdn::Error(gdn::Status::invalid_argument, "a message has no 'role'");
+    gdn::ChatMessage msg;
+    msg.role = py::cast<std::string>(d["role"]);
+    if (d.contains("content") && !d["content"].is_none()) msg.content = py::cast<std::string>(d["content"]);
+    if (d.contains("reasoning_content") && !d["reasoning_content"].is_none())
+      msg.reasoning_content = py::cast<std::string>(d["reasoning_content"]);
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+std::string render_chat(const py::iterable& messages, bool add_generation_prompt, bool enable_thinking, bool preserve_thinking) {
+  gdn::ChatOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.enable_thinking = enable_thinking;
+  o.preserve_thinking = preserve_thinking;
+  return gdn::render_chat(chat_messages(messages), o);
+}
+
+// The Python callable as a TextCallback: called with the GIL taken back; None or a true value
+// goes on, a false value stops that sequence. An exception it raises propagates out of generate()
+// (the Generator frees its sequences on the way).
+gdn::TextCallback text_callback(const py::object& on_text) {
+  if (on_text.is_none()) return {};
+  return [&on_text](std::size_t sequence, std::string_view text) {
+    py::gil_scoped_acquire gil;
+    const py::object r = on_text(sequence, py::str(text.data(), text.size()));
+    if (r.is_none()) return true;
+    const int truth = PyObject_IsTrue(r.ptr());
+    if (truth < 0) throw py::error_already_set();
+    return truth == 1;
+  };
 }
 
 }  // namespace
@@ -240,7 +315,11 @@ PYBIND11_MODULE(gdn, m) {
       .def_property_readonly("entries",
                              [](const gdn::Batch& b) { return std::vector<gdn::Batch::Entry>(b.entries().begin(), b.entries().end()); })
       .def_property_readonly("tokens", [](const gdn::Batch& b) {
-        return py::array_t<gdn::Token>(static_cast<py::ssize_t>(b.tokens().size()), b.tokens().data());
+        // Explicit strides: see Sampler.distribution.
+        py::array out(py::dtype::of<gdn::Token>(), {static_cast<py::ssize_t>(b.tokens().size())},
+                      {static_cast<py::ssize_t>(sizeof(gdn::Token))});
+        std::copy(b.tokens().begin(), b.tokens().end(), static_cast<gdn::Token*>(out.mutable_data()));
+        return out;
       })
       .def_property_readonly("token_count", &gdn::Batch::token_count)
       .def_property_readonly("output_rows", &gdn::Batch::output_rows)
@@ -372,4 +451,239 @@ PYBIND11_MODULE(gdn, m) {
       "path"_a, py::kw_only(), "quick"_a = false, "threads"_a = 0, "state_dtype"_a = py::none(),
       "Self-check of a checkpoint (`gdn doctor`): a dict {'ok', 'counts', 'checks': [{'name', 'verdict', 'metric', "
       "'measured', 'threshold', 'message', 'details', 'seconds'}, ...]}; 'ok' is False when any check FAILed.");
+
+  // --- text: tokenizer, chat template ----------------------------------------------------------
+  py::class_<StreamDecoderHandle>(m, "StreamDecoder",
+                                  "Incremental decoding: push() one id at a time, get back only complete UTF-8 text; "
+                                  "the pushes and the final flush() concatenate to Tokenizer.decode() of the same ids.")
+      .def("push", [](StreamDecoderHandle& self, gdn::Token id) { return self.dec.push(id); }, "id"_a)
+      .def("flush", [](StreamDecoderHandle& self) { return self.dec.flush(); },
+           "Whatever is still held (an unfinished character as U+FFFD); then starts afresh.")
+      .def("reset", [](StreamDecoderHandle& self) { self.dec.reset(); })
+      .def_property_readonly("pending_bytes", [](const StreamDecoderHandle& self) { return self.dec.pending_bytes(); });
+
+  py::class_<gdn::Tokenizer>(m, "Tokenizer",
+                             "A Hugging Face tokenizer.json (byte-level BPE, as Qwen3.5 / Qwen3.6 ship it), ids identical to "
+                             "Hugging Face tokenizers'. Immutable; safe to share between threads.")
+      .def_static(
+          "from_file",
+          [](const std::string& path) {
+            py::gil_scoped_release nogil;
+            return gdn::Tokenizer::load(path);
+          },
+          "path"_a, "Reads a tokenizer.json file.")
+      .def_static(
+          "from_model_dir",
+          [](const std::string& dir) {
+            py::gil_scoped_release nogil;
+            return gdn::Tokenizer::load(dir + "/tokenizer.json");
+          },
+          "model_dir"_a, "Reads MODEL_DIR/tokenizer.json.")
+      .def_static("from_json", [](const std::string& json) { return gdn::Tokenizer::from_json(json); }, "json"_a,
+                  "The same from the text of a tokenizer.json.")
+      .def(
+          "encode",
+          [](const gdn::Tokenizer& t, const std::string& text, bool parse_special) {
+            py::gil_scoped_release nogil;
+            return t.encode(text, parse_special);
+          },
+          "text"_a, py::kw_only(), "parse_special"_a = true,
+          "Ids for text (no BOS/EOS added). parse_special=False reads special tokens in the text as plain text.")
+      .def(
+          "decode",
+          [](const gdn::Tokenizer& t, const Tokens& ids, bool skip_special) {
+            const auto span = token_span(ids);
+            py::gil_scoped_release nogil;
+            return t.decode(span, skip_special);
+          },
+          "ids"_a, py::kw_only(), "skip_special"_a = false)
+      .def_property_readonly("vocab_size", &gdn::Tokenizer::vocab_size)
+      .def("token_to_id", &gdn::Tokenizer::token_to_id, "token"_a, "The id of a token as tokenizer.json spells it, or None.")
+      .def("id_to_token", &gdn::Tokenizer::id_to_token, "id"_a)
+      .def("is_special", &gdn::Tokenizer::is_special, "id"_a)
+      .def(
+          "stream_decoder",
+          [](const gdn::Tokenizer& t, bool skip_special) { return std::make_unique<StreamDecoderHandle>(t, skip_special); },
+          py::kw_only(), "skip_special"_a = false)
+      .def(
+          "apply_chat_template",
+          [](const gdn::Tokenizer& t, const py::iterable& messages, bool add_generation_prompt, bool enable_thinking,
+             bool preserve_thinking, bool tokenize) -> py::object {
+            std::string text = render_chat(messages, add_generation_prompt, enable_thinking, preserve_thinking);
+            if (!tokenize) return py::str(text);
+            return py::cast(t.encode(text));
+          },
+          "messages"_a, py::kw_only(), "add_generation_prompt"_a = false, "enable_thinking"_a = true,
+          "preserve_thinking"_a = false, "tokenize"_a = false,
+          "The Qwen3.5 / Qwen3.6 chat template (what transformers' apply_chat_template returns) for "
+          "[{'role', 'content', 'reasoning_content'}] messages; the ids instead with tokenize=True.");
+
+  m.def("render_chat", &render_chat, "messages"_a, py::kw_only(), "add_generation_prompt"_a = false,
+        "enable_thinking"_a = true, "preserve_thinking"_a = false,
+        "The Qwen3.5 / Qwen3.6 chat template rendered for [{'role', 'content', 'reasoning_content'}] messages.");
+
+  // --- sampling -------------------------------------------------------------------------------
+  const gdn::SamplingParams sd;
+  py::class_<gdn::SamplingParams>(m, "SamplingParams", "Per-sequence sampling settings; temperature 0 is greedy.")
+      .def(py::init([](float temperature, int top_k, float top_p, float min_p, float repetition_penalty, float presence_penalty,
+                       std::uint64_t seed) {
+             return gdn::SamplingParams{temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, seed};
+           }),
+           py::kw_only(), "temperature"_a = sd.temperature, "top_k"_a = sd.top_k, "top_p"_a = sd.top_p, "min_p"_a = sd.min_p,
+           "repetition_penalty"_a = sd.repetition_penalty, "presence_penalty"_a = sd.presence_penalty, "seed"_a = sd.seed)
+      .def_readwrite("temperature", &gdn::SamplingParams::temperature)
+      .def_readwrite("top_k", &gdn::SamplingParams::top_k)
+      .def_readwrite("top_p", &gdn::SamplingParams::top_p)
+      .def_readwrite("min_p", &gdn::SamplingParams::min_p)
+      .def_readwrite("repetition_penalty", &gdn::SamplingParams::repetition_penalty)
+      .def_readwrite("presence_penalty", &gdn::SamplingParams::presence_penalty)
+      .def_readwrite("seed", &gdn::SamplingParams::seed)
+      .def("__repr__", [](const gdn::SamplingParams& p) {
+        return "<gdn.SamplingParams temperature=" + std::to_string(p.temperature) + " top_k=" + std::to_string(p.top_k) +
+               " top_p=" + std::to_string(p.top_p) + " seed=" + std::to_string(p.seed) + ">";
+      });
+
+  py::class_<gdn::Sampler>(m, "Sampler",
+                           "One sequence's sampler: settings, the tokens its penalties have seen, a seeded RNG. "
+                           "sample() does not record the token it draws: observe() it.")
+      .def(py::init<const gdn::SamplingParams&, int>(), "params"_a, "vocab_size"_a)
+      .def_property_readonly("params", [](const gdn::Sampler& s) { return s.params(); })
+      .def_property_readonly("greedy", &gdn::Sampler::greedy)
+      .def("observe", [](gdn::Sampler& s, gdn::Token t) { s.observe(t); }, "tokens"_a)
+      .def("observe", [](gdn::Sampler& s, const Tokens& ts) { s.observe(token_span(ts)); }, "tokens"_a)
+      .def("sample", [](gdn::Sampler& s, const Floats& logits) { return s.sample(float_span(logits)); }, "logits"_a)
+      .def(
+          "distribution",
+          [](const gdn::Sampler& s, const Floats& logits) {
+            const auto l = float_span(logits);
+            // Explicit strides, as view() passes them: pybind11 < 2.12 reads the item size from
+            // NumPy 1's descriptor layout, which is wrong under NumPy 2 when it computes strides.
+            py::array probs(py::dtype::of<float>(), {static_cast<py::ssize_t>(l.size())},
+                            {static_cast<py::ssize_t>(sizeof(float))});
+            s.distribution(l, std::span<float>(static_cast<float*>(probs.mutable_data()), l.size()));
+            return probs;
+          },
+          "logits"_a, "The distribution a draw would come from (sums to 1; one-hot for greedy).")
+      .def("uniform", &gdn::Sampler::uniform);
+
+  // --- generation -----------------------------------------------------------------------------
+  const gdn::GenerationParams gd;
+  py::class_<gdn::GenerationParams>(m, "GenerationParams")
+      .def(py::init([](std::optional<gdn::SamplingParams> sampling, int max_tokens, bool stop_on_eos,
+                       std::vector<gdn::Token> stop_tokens, std::vector<std::string> stop_strings, int mtp_draft,
+                       bool mtp_adaptive) {
+             gdn::GenerationParams p;
+             if (sampling) p.sampling = *sampling;
+             p.max_tokens = max_tokens;
+             p.stop_on_eos = stop_on_eos;
+             p.stop_tokens = std::move(stop_tokens);
+             p.stop_strings = std::move(stop_strings);
+             p.mtp_draft = mtp_draft;
+             p.mtp_adaptive = mtp_adaptive;
+             return p;
+           }),
+           py::kw_only(), "sampling"_a = py::none(), "max_tokens"_a = gd.max_tokens, "stop_on_eos"_a = gd.stop_on_eos,
+           "stop_tokens"_a = std::vector<gdn::Token>{}, "stop_strings"_a = std::vector<std::string>{},
+           "mtp_draft"_a = gd.mtp_draft, "mtp_adaptive"_a = gd.mtp_adaptive)
+      .def_readwrite("sampling", &gdn::GenerationParams::sampling)
+      .def_readwrite("max_tokens", &gdn::GenerationParams::max_tokens)
+      .def_readwrite("stop_on_eos", &gdn::GenerationParams::stop_on_eos)
+      .def_readwrite("stop_tokens", &gdn::GenerationParams::stop_tokens)
+      .def_readwrite("stop_strings", &gdn::GenerationParams::stop_strings)
+      .def_readwrite("mtp_draft", &gdn::GenerationParams::mtp_draft)
+      .def_readwrite("mtp_adaptive", &gdn::GenerationParams::mtp_adaptive);
+
+  py::class_<gdn::SpeculativeStats>(m, "SpeculativeStats")
+      .def_readonly("rounds", &gdn::SpeculativeStats::rounds)
+      .def_readonly("drafted", &gdn::SpeculativeStats::drafted)
+      .def_readonly("accepted", &gdn::SpeculativeStats::accepted)
+      .def_readonly("generated", &gdn::SpeculativeStats::generated)
+      .def_readonly("draft_rounds", &gdn::SpeculativeStats::draft_rounds)
+      .def_readonly("k", &gdn::SpeculativeStats::k)
+      .def_property_readonly("acceptance_rate", &gdn::SpeculativeStats::acceptance_rate)
+      .def_property_readonly("tokens_per_round", &gdn::SpeculativeStats::tokens_per_round);
+
+  py::class_<gdn::GenerationResult>(m, "GenerationResult")
+      .def_readonly("tokens", &gdn::GenerationResult::tokens)
+      .def_readonly("text", &gdn::GenerationResult::text)
+      .def_property_readonly("finish_reason",
+                             [](const gdn::GenerationResult& r) { return std::string(gdn::finish_reason_name(r.finish)); },
+                             "'stop_token', 'stop_string', 'length' or 'cancelled'")
+      .def_readonly("prompt_tokens", &gdn::GenerationResult::prompt_tokens)
+      .def_readonly("prefill_seconds", &gdn::GenerationResult::prefill_seconds)
+      .def_readonly("decode_seconds", &gdn::GenerationResult::decode_seconds)
+      .def_readonly("speculative", &gdn::GenerationResult::speculative)
+      .def("__repr__", [](const gdn::GenerationResult& r) {
+        return "<gdn.GenerationResult " + std::to_string(r.tokens.size()) + " tokens, " +
+               std::string(gdn::finish_reason_name(r.finish)) + ">";
+      });
+
+  py::class_<GeneratorHandle>(m, "Generator",
+                              "Text generation on a Context: prompt ids in, streamed text out. Each call creates its "
+                              "sequences in the context and frees them before it returns.")
+      .def(py::init([](ContextHandle& c, const gdn::Tokenizer& tok, std::optional<std::vector<gdn::Token>> eos) {
+             return std::make_unique<GeneratorHandle>(c.ctx, tok, eos ? *eos : gdn::load_eos_token_ids(c.model->dir()));
+           }),
+           "ctx"_a, "tokenizer"_a, "eos"_a = py::none(), py::keep_alive<1, 2>(),
+           "eos=None: the checkpoint's eos ids (config.json and generation_config.json).")
+      .def(
+          "generate",
+          [](GeneratorHandle& g, const Tokens& prompt, const gdn::GenerationParams& params, const py::object& on_text) {
+            const auto span = token_span(prompt);
+            const gdn::TextCallback cb = text_callback(on_text);
+            py::gil_scoped_release nogil;
+            return g.gen.generate(span, params, cb);
+          },
+          "prompt"_a, "params"_a = gdn::GenerationParams{}, "on_text"_a = py::none(),
+          "Generates from prompt ids; on_text(sequence_index, text) receives each final piece of text (return False "
+          "to stop: finish_reason 'cancelled'). Releases the GIL.")
+      .def(
+          "generate_batch",
+          [](GeneratorHandle& g, const std::vector<std::vector<gdn::Token>>& prompts, const py::object& params,
+             const py::object& on_text) {
+            std::vector<gdn::GenerationParams> ps;
+            if (params.is_none()) ps.assign(prompts.size(), gdn::GenerationParams{});
+            else if (py::isinstance<gdn::GenerationParams>(params)) ps.assign(prompts.size(), params.cast<gdn::GenerationParams>());
+            else ps = params.cast<std::vector<gdn::GenerationParams>>();
+            const gdn::TextCallback cb = text_callback(on_text);
+            py::gil_scoped_release nogil;
+            return g.gen.generate(prompts, ps, cb);
+          },
+          "prompts"_a, "params"_a = py::none(), "on_text"_a = py::none(),
+          "Several prompts together; params is one GenerationParams for all or a list with one per prompt (all with "
+          "the same mtp_draft). Returns a list of GenerationResult.");
+
+  // --- speculative decoding -------------------------------------------------------------------
+  const gdn::SpeculativeParams spd;
+  py::class_<gdn::SpeculativeDecoder>(m, "SpeculativeDecoder",
+                                      "MTP speculative decoding driven by the host: start() each sequence, advance() "
+                                      "rounds, finish(). The context needs max_rollback_tokens >= max_draft + 1.")
+      .def(py::init([](ContextHandle& c, int max_draft, bool adaptive) {
+             return std::make_unique<gdn::SpeculativeDecoder>(c.ctx, gdn::SpeculativeParams{max_draft, adaptive});
+           }),
+           "ctx"_a, py::kw_only(), "max_draft"_a = spd.max_draft, "adaptive"_a = spd.adaptive, py::keep_alive<1, 2>())
+      .def(
+          "start",
+          [](gdn::SpeculativeDecoder& self, gdn::SeqId seq, const Tokens& prompt, gdn::Sampler& sampler) {
+            const auto span = token_span(prompt);
+            py::gil_scoped_release nogil;
+            return self.start(seq, span, sampler);
+          },
+          "seq"_a, "prompt"_a, "sampler"_a, py::keep_alive<1, 4>(),
+          "Prefills prompt on a fresh sequence and returns the first token (pending: the next advance feeds it).")
+      .def(
+          "advance",
+          [](gdn::SpeculativeDecoder& self, const std::vector<gdn::SeqId>& seqs) {
+            std::vector<std::vector<gdn::Token>> out(seqs.size());
+            std::vector<std::vector<gdn::Token>*> ptrs;
+            for (auto& v : out) ptrs.push_back(&v);
+            {
+              py::gil_scoped_release nogil;
+              self.advance(seqs, ptrs);
+            }
+            return out;
+          },
+          "seqs"_a, "One round for every sequence: a list of 1..k+1 new tokens per sequence.")
+      .def("finish", &gdn::SpeculativeDecoder::finish, "seq"_a)
+      .def_property_readonly("stats", [](const gdn::SpeculativeDecoder& self) { return self.stats(); }, "A copy of the statistics so far.");
 }

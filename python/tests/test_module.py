@@ -1,6 +1,8 @@
 """The `gdn` Python module (pip install .) against the golden fixtures and the C++ API's contracts."""
 
 import gc
+import gzip
+import json
 import threading
 import time
 
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 
 import gdn
-from _fixtures import LOGIT_TOLERANCE, MODELS, model_dir, reference
+from _fixtures import LOGIT_TOLERANCE, MODELS, REPO, model_dir, reference
 
 
 def small_context(model, sequences=3, **kw):
@@ -66,6 +68,7 @@ def test_logits_are_read_only_views_that_keep_the_context_alive():
     batch = gdn.Batch()
     entry = batch.add(seq, [1, 2, 3, 4], logits=gdn.LogitsFor.all)
     assert entry == 0 and batch.output_rows == 4 and batch.token_count == 4
+    assert batch.tokens.tolist() == [1, 2, 3, 4]
     ctx.step(batch)
     all_rows = ctx.logits()
     assert all_rows.shape == (4, 256) and all_rows.dtype == np.float32
@@ -230,3 +233,241 @@ def test_doctor_report():
     bad = gdn.doctor(model_dir("qwen35_tied"), quick=True, threads=2, state_dtype=gdn.DType.bf16)
     assert not bad["ok"]
     assert {c["name"]: c for c in bad["checks"]}["config.state_dtype"]["verdict"] == "FAIL"
+
+
+# --- text: tokenizer, chat template, sampling, generation, speculative decoding -----------------
+
+TINY = str(REPO / "models" / "gdn-tiny")
+TOKENIZER_ASSETS = REPO / "tests" / "tokenizer"
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    json_text = gzip.open(REPO / "tests" / "assets" / "qwen35_tokenizer" / "tokenizer.json.gz").read().decode()
+    return gdn.Tokenizer.from_json(json_text)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = gdn.Model.load(TINY)
+    tok = gdn.Tokenizer.from_model_dir(TINY)
+    ctx = gdn.Context(model, max_sequences=3, max_context=256, threads=2, max_rollback_tokens=4)
+    return model, tok, ctx, gdn.Generator(ctx, tok)
+
+
+def heldout(n):
+    with open(f"{TINY}/eval/heldout.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()][:n]
+
+
+def test_tokenizer_ids_equal_hugging_face_on_the_parity_corpus(qwen_tokenizer):
+    tok = qwen_tokenizer
+    assert tok.vocab_size > 150000
+    with gzip.open(TOKENIZER_ASSETS / "tokenizer_parity.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f]
+    cjk = emoji = 0
+    for row in rows:
+        assert tok.encode(row["text"]) == row["ids"], row["text"]
+        assert tok.decode(row["ids"]) == row["decoded"]
+        cjk += any("\u4e00" <= c <= "\u9fff" for c in row["text"])
+        emoji += any(ord(c) >= 0x1F300 for c in row["text"])
+    assert len(rows) > 10000 and cjk > 50 and emoji > 20  # the corpus really covers CJK and emoji
+
+
+def test_tokenizer_special_tokens_lookup_and_stream_decoding(qwen_tokenizer):
+    tok = qwen_tokenizer
+    chat = "<|im_start|>user\nhi<|im_end|>"
+    ids = tok.encode(chat)
+    im_start = tok.token_to_id("<|im_start|>")
+    assert ids[0] == im_start and tok.is_special(im_start) and tok.id_to_token(im_start) == "<|im_start|>"
+    assert len(tok.encode(chat, parse_special=False)) > len(ids)
+    assert tok.decode(ids) == chat and tok.decode(ids, skip_special=True) == "user\nhi"
+    assert tok.token_to_id("no such token!") is None
+
+    text = "emoji 🦀🚀 family 👩‍👩‍👧 and 中文分词测试，日本語のテキスト"
+    ids = tok.encode(text)
+    dec = tok.stream_decoder()
+    pieces = [dec.push(t) for t in ids]
+    assert "".join(pieces) + dec.flush() == text == tok.decode(ids)
+    assert "" in pieces  # bytes of a split character were held back
+    crab = tok.encode("🦀")
+    assert len(crab) > 1 and dec.push(crab[0]) == "" and dec.pending_bytes > 0
+    dec.reset()
+    assert dec.flush() == ""
+
+    with pytest.raises(gdn.InvalidTokenError):
+        tok.decode([tok.vocab_size])
+    with pytest.raises(gdn.InvalidTokenError):
+        dec.push(-1)
+    with pytest.raises(gdn.IoError):
+        gdn.Tokenizer.from_file("/nonexistent/tokenizer.json")
+    with pytest.raises(gdn.InvalidArgumentError):
+        tok.encode(b"a\xffb")  # not UTF-8
+
+
+def test_chat_template_equals_transformers(qwen_tokenizer):
+    cases = json.loads((TOKENIZER_ASSETS / "chat_cases.json").read_text())["cases"]
+    checked = 0
+    for case in cases:
+        if "error" in case:
+            if case.get("error_from") != "transformers":
+                with pytest.raises(gdn.InvalidArgumentError, match=case["error"]):
+                    gdn.render_chat(case["messages"], **case["kwargs"])
+            continue
+        assert gdn.render_chat(case["messages"], **case["kwargs"]) == case["text"], case["name"]
+        assert qwen_tokenizer.apply_chat_template(case["messages"], tokenize=True, **case["kwargs"]) == case["ids"]
+        checked += 1
+    assert checked >= 35
+
+
+def test_sampler_is_seeded_and_greedy_is_argmax():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=97).astype(np.float32) * 3
+    params = gdn.SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=1234, repetition_penalty=1.2)
+    draws = []
+    for _ in range(2):
+        s = gdn.Sampler(params, 97)
+        s.observe([3, 5, 8])
+        run = []
+        for _ in range(40):
+            run.append(s.sample(logits))
+            s.observe(run[-1])
+        draws.append(run)
+    assert draws[0] == draws[1] and len(set(draws[0])) > 5
+    p = gdn.Sampler(params, 97).distribution(logits)
+    assert p.shape == (97,) and abs(float(p.sum()) - 1) < 1e-5 and (p > 0).sum() <= 40
+    greedy = gdn.Sampler(gdn.SamplingParams(), 97)
+    assert greedy.greedy and greedy.sample(logits) == int(np.argmax(logits))
+    with pytest.raises(gdn.InvalidArgumentError):
+        gdn.Sampler(gdn.SamplingParams(temperature=-1), 97)
+    with pytest.raises(gdn.InvalidArgumentError):
+        greedy.sample(logits[:-1])
+
+
+def test_generate_streams_text_and_stops(tiny):
+    model, tok, ctx, gen = tiny
+    prompt = tok.encode("reverse 12478 =")
+    pieces = []
+    r = gen.generate(prompt, gdn.GenerationParams(max_tokens=16), on_text=lambda i, t: pieces.append((i, t)))
+    assert r.text == "87421" and r.finish_reason == "stop_token" and r.tokens[-1] == 0
+    assert "".join(t for _, t in pieces) == r.text and {i for i, _ in pieces} == {0} and len(pieces) >= 2
+    assert r.prompt_tokens == len(prompt) and r.prefill_seconds > 0 and r.decode_seconds > 0
+    assert ctx.live_sequences == 0
+
+    calls = []
+
+    def stop_after_first(i, text):
+        calls.append(text)
+        return False
+
+    cancelled = gen.generate(prompt, gdn.GenerationParams(max_tokens=16), on_text=stop_after_first)
+    assert cancelled.finish_reason == "cancelled" and len(calls) == 1 and cancelled.text == calls[0]
+    assert cancelled.tokens == r.tokens[: len(cancelled.tokens)] and len(cancelled.tokens) < len(r.tokens)
+
+    s = gen.generate(prompt, gdn.GenerationParams(max_tokens=16, stop_strings=["42"]))
+    assert (s.text, s.finish_reason) == ("87", "stop_string")
+    n = gen.generate(prompt, gdn.GenerationParams(max_tokens=2))
+    assert (n.text, n.finish_reason, n.tokens) == ("87", "length", r.tokens[:2])
+    t = gen.generate(prompt, gdn.GenerationParams(max_tokens=16, stop_tokens=[r.tokens[2]]))
+    assert (t.finish_reason, t.tokens) == ("stop_token", r.tokens[:3])
+
+    def boom(i, text):
+        raise RuntimeError("from the callback")
+
+    with pytest.raises(RuntimeError, match="from the callback"):
+        gen.generate(prompt, gdn.GenerationParams(max_tokens=16), on_text=boom)
+    assert ctx.live_sequences == 0
+    with pytest.raises(gdn.InvalidArgumentError):
+        gen.generate(prompt, gdn.GenerationParams(max_tokens=0))
+
+
+def test_generate_equals_transformers_plain_and_with_mtp(tiny):
+    _, _, _, gen = tiny
+    drafted = accepted = 0
+    for row in heldout(40):
+        plain = gen.generate(row["prompt_ids"], gdn.GenerationParams(max_tokens=16))
+        assert plain.tokens == row["generated_ids"], row["prompt"]  # transformers' greedy output
+        mtp = gen.generate(row["prompt_ids"], gdn.GenerationParams(max_tokens=16, mtp_draft=2, mtp_adaptive=False))
+        assert mtp.tokens == plain.tokens and mtp.text == plain.text
+        assert mtp.speculative.k == 2 and mtp.speculative.drafted > 0
+        assert mtp.speculative.accepted <= mtp.speculative.drafted
+        assert plain.speculative.rounds == 0
+        drafted += mtp.speculative.drafted
+        accepted += mtp.speculative.accepted
+    assert accepted / drafted > 0.5  # the MTP head is used, and right more often than not
+
+
+def test_seeded_sampling_repeats_and_batched_params_are_per_sequence(tiny):
+    _, tok, _, gen = tiny
+    prompts = [tok.encode(p) for p in ("reverse 12478 =", "copy 6275 =", "add 31+13=")]
+    hot = gdn.GenerationParams(max_tokens=16, stop_on_eos=False, sampling=gdn.SamplingParams(temperature=1.3, seed=11))
+    a, b = gen.generate(prompts[2], hot), gen.generate(prompts[2], hot)
+    assert a.tokens == b.tokens and len(a.tokens) == 16
+    greedy = gdn.GenerationParams(max_tokens=16)
+    top1 = gdn.GenerationParams(max_tokens=16, sampling=gdn.SamplingParams(temperature=0.8, top_k=1, seed=5))
+    texts = {}
+    out = gen.generate_batch(prompts, [greedy, top1, hot], on_text=lambda i, t: texts.__setitem__(i, texts.get(i, "") + t))
+    assert out[0].tokens == gen.generate(prompts[0], greedy).tokens
+    assert out[1].tokens == gen.generate(prompts[1], greedy).tokens and out[1].text == "6275"  # top_k=1 is greedy
+    assert out[2].tokens == a.tokens  # the same in a batch as alone
+    assert [texts.get(i, "") for i in range(3)] == [r.text for r in out]
+    assert [r.text for r in gen.generate_batch(prompts[:2], greedy)] == ["87421", "6275"]
+    with pytest.raises(gdn.OutOfCapacityError):
+        gen.generate_batch(prompts + prompts[:1])  # four prompts, three slots
+
+
+def test_speculative_decoder_loop_equals_plain_greedy(tiny):
+    model, tok, _, gen = tiny
+    texts = ["reverse 12478 =", "copy 6275 =", "add 71+52="]
+    plain = [gen.generate(tok.encode(t), gdn.GenerationParams(max_tokens=16)).tokens for t in texts]
+    ctx = gdn.Context(model, max_sequences=3, max_context=256, threads=2, max_rollback_tokens=4)
+    spec = gdn.SpeculativeDecoder(ctx, max_draft=3, adaptive=False)
+    seqs = [ctx.create_sequence() for _ in texts]
+    got = [[spec.start(s, tok.encode(t), gdn.Sampler(gdn.SamplingParams(), model.config.vocab_size))]
+           for s, t in zip(seqs, texts)]
+    del ctx
+    gc.collect()  # the decoder keeps the context (and each sampler) alive
+    live = list(range(len(texts)))
+    while live:
+        for i, new in zip(live, spec.advance([seqs[i] for i in live])):
+            assert 1 <= len(new) <= 4
+            got[i] += new
+        for i in [i for i in live if 0 in got[i] or len(got[i]) >= 16]:
+            spec.finish(seqs[i])
+            live.remove(i)
+    for g, p in zip(got, plain):
+        g = g[: g.index(0) + 1] if 0 in g else g[:16]
+        assert g == p
+    st = spec.stats
+    assert st.k == 3 and st.drafted > 0 and 0 < st.accepted <= st.drafted and st.rounds < st.generated
+    with pytest.raises(gdn.InvalidSequenceError):
+        spec.advance([seqs[0]])
+
+    with pytest.raises(gdn.InvalidArgumentError, match="max_rollback_tokens"):
+        gdn.SpeculativeDecoder(gdn.Context(model, max_sequences=1, max_context=64, max_rollback_tokens=2), max_draft=3)
+    no_mtp = gdn.Context(gdn.Model.load(TINY, load_mtp=False), max_sequences=1, max_context=64, max_rollback_tokens=4)
+    with pytest.raises(gdn.UnsupportedModelError):
+        gdn.SpeculativeDecoder(no_mtp)
+
+
+def test_generate_releases_the_gil(tiny):
+    model, tok, _, _ = tiny
+    ctx = gdn.Context(model, max_sequences=1, max_context=1024, threads=1)
+    gen = gdn.Generator(ctx, tok)
+    params = gdn.GenerationParams(max_tokens=600, stop_on_eos=False)
+    window = {}
+
+    def run():
+        window["begin"] = time.perf_counter()
+        window["result"] = gen.generate(tok.encode("copy 6275 ="), params)
+        window["end"] = time.perf_counter()
+
+    t = threading.Thread(target=run)
+    stamps = []
+    t.start()
+    while t.is_alive():
+        stamps.append(time.perf_counter())
+    t.join()
+    assert len(window["result"].tokens) == 600
+    inside = [s for s in stamps if window["begin"] < s < window["end"]]
+    assert inside, f"no progress during a {1e3 * (window['end'] - window['begin']):.1f} ms generate"
