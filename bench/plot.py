@@ -18,27 +18,51 @@ def main():
     fig, ax = plt.subplots(1, 4, figsize=(17, 4.2))
     ours, theirs, roof = "#1f77b4", "#ff7f0e", "#7f7f7f"
 
-    # Decode at batch 1 against the roofline.
-    names, vals, cols = ["roofline"], [r["roofline_tok_s"]], [roof]
-    names.append("libgdn"); vals.append(r["decode"]["tok_s"]); cols.append(ours)
-    if peer:
-        names.append("llama.cpp"); vals.append(peer["decode"]["tok_s"]); cols.append(theirs)
-    ax[0].bar(names, vals, color=cols)
-    for i, v in enumerate(vals):
-        ax[0].text(i, v, f"{v:.2f}\n({100 * v / r['roofline_tok_s']:.0f}%)", ha="center", va="bottom", fontsize=8)
-    ax[0].set_title(f"decode, batch 1 (tok/s)\nroofline = {r['bandwidth']['median_gb_s']:.1f} GB/s ÷ "
-                    f"{r['weight_bytes_per_token'] / 1e9:.2f} GB", fontsize=9)
-    ax[0].set_ylim(0, max(vals) * 1.3)
+    h2h = r.get("head_to_head")
+    if h2h:
+        # Head to head: each round's roofline, ours and llama.cpp, measured back to back.
+        rounds = h2h["rounds"]
+        x = list(range(len(rounds)))
+        w = 0.27
+        for k, (key, label, col) in enumerate([("roof", "roofline", roof), ("ours", "libgdn", ours), ("llama_cpp", "llama.cpp", theirs)]):
+            vals = [q["roofline_tok_s"] if key == "roof" else q[key]["decode_tok_s"] for q in rounds]
+            ax[0].bar([i + (k - 1) * w for i in x], vals, w, color=col, label=label)
+            for i, v in enumerate(vals):
+                if key != "roof":
+                    ax[0].text(i + (k - 1) * w, v, f"{100 * v / rounds[i]['roofline_tok_s']:.0f}%", ha="center", va="bottom", fontsize=7)
+        ax[0].set_xticks(x, [f"round {i + 1}\n{q['bandwidth_gb_s'][0]:.0f}/{q['bandwidth_gb_s'][1]:.0f} GB/s" for i, q in enumerate(rounds)], fontsize=7)
+        m = h2h["median"]
+        ax[0].set_title(f"decode, batch 1 (tok/s), % of each round's roofline\nmedian: libgdn {100 * m['ours_fraction_of_roofline']:.0f}%, "
+                        f"{m['decode_ratio']:.2f}x llama.cpp", fontsize=9)
+        ax[0].legend(fontsize=7)
+        for k, (key, label, col) in enumerate([("ours", "libgdn", ours), ("llama_cpp", "llama.cpp", theirs)]):
+            vals = [q[key]["prefill_tok_s"] for q in rounds]
+            ax[1].bar([i + (k - 0.5) * w for i in x], vals, w, color=col, label=label)
+        ax[1].set_xticks(x, [f"round {i + 1}" for i in x], fontsize=7)
+        ax[1].set_title(f"prefill, {r['prefill']['tokens']}-token prompt (tok/s)\nmedian {m['prefill_ratio']:.2f}x llama.cpp", fontsize=9)
+        ax[1].legend(fontsize=7)
+    else:
+        # Decode at batch 1 against the roofline.
+        names, vals, cols = ["roofline"], [r["roofline_tok_s"]], [roof]
+        names.append("libgdn"); vals.append(r["decode"]["tok_s"]); cols.append(ours)
+        if peer:
+            names.append("llama.cpp"); vals.append(peer["decode"]["tok_s"]); cols.append(theirs)
+        ax[0].bar(names, vals, color=cols)
+        for i, v in enumerate(vals):
+            ax[0].text(i, v, f"{v:.2f}\n({100 * v / r['roofline_tok_s']:.0f}%)", ha="center", va="bottom", fontsize=8)
+        ax[0].set_title(f"decode, batch 1 (tok/s)\nroofline = {r['bandwidth']['median_gb_s']:.1f} GB/s ÷ "
+                        f"{r['weight_bytes_per_token'] / 1e9:.2f} GB", fontsize=9)
+        ax[0].set_ylim(0, max(vals) * 1.3)
 
-    # Prefill.
-    names, vals, cols = ["libgdn"], [r["prefill"]["tok_s"]], [ours]
-    if peer:
-        names.append("llama.cpp"); vals.append(peer["prefill"]["tok_s"]); cols.append(theirs)
-    ax[1].bar(names, vals, color=cols)
-    for i, v in enumerate(vals):
-        ax[1].text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
-    ax[1].set_title(f"prefill, {r['prefill']['tokens']}-token prompt (tok/s)", fontsize=9)
-    ax[1].set_ylim(0, max(vals) * 1.2)
+        # Prefill.
+        names, vals, cols = ["libgdn"], [r["prefill"]["tok_s"]], [ours]
+        if peer:
+            names.append("llama.cpp"); vals.append(peer["prefill"]["tok_s"]); cols.append(theirs)
+        ax[1].bar(names, vals, color=cols)
+        for i, v in enumerate(vals):
+            ax[1].text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+        ax[1].set_title(f"prefill, {r['prefill']['tokens']}-token prompt (tok/s)", fontsize=9)
+        ax[1].set_ylim(0, max(vals) * 1.2)
 
     # Batch scaling.
     if "batch_decode" in r:

@@ -26,7 +26,7 @@ if ! "$VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
     "$VENV/bin/pip" install --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
 fi
 mkdir -p "$OUT"
-"$BUILD/bin/gdn" bench --shape "$SHAPE" --cache "$BUILD/bench-models" --threads "$THREADS" \
+"$BUILD/bin/gdn" bench --shape "$SHAPE" --cache "${CACHE:-$BUILD/bench-models}" --threads "$THREADS" \
   --json "$OUT/bench-$SHAPE.json" --peer-python "$VENV/bin/python" --peer-script "$ROOT/bench/peer.py" "$@" \
   | tee "$OUT/bench-$SHAPE.txt"
 "$VENV/bin/python" "$ROOT/bench/plot.py" "$OUT/bench-$SHAPE.json" "$ROOT/docs/performance-$SHAPE.png"

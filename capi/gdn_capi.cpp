@@ -295,6 +295,7 @@ gdn_status gdn_model_load(const char* path, const gdn_model_params* params, gdn_
     read_struct(params, p, model_params_v1, "gdn_model_params");
     gdn::ModelParams mp;
     mp.load_mtp = p.load_mtp;
+    mp.pack_weights = p.weights_in_place == 0;
     auto handle = std::make_unique<gdn_model>();
     handle->model = gdn::Model::load(path, mp);
     *out_model = handle.release();

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "gdn.h"
+#include "gdn/backend/cpu/linear.hpp"
 #include "gdn/io/tokenizer.hpp"
 #include "gdn/runtime/generator.hpp"
 #include "gdn/text/chat_template.hpp"
@@ -138,6 +140,41 @@ TEST_CASE("C ABI logits equal the C++ API's, bit for bit, and transformers' with
   }
 }
 
+TEST_CASE("weights packed for the CPU kernel or used in place: bit-identical logits", "[capi][fixtures]") {
+  // On an AMX CPU the default load copies the projections into the kernel's tile order; in place
+  // they are read from the mapping. A caller compiled before weights_in_place existed (the older,
+  // smaller struct) gets the default. All three must give the same logits bit for bit.
+  const std::string path = test::fixture_model("qwen35_cond_mtp");
+  test::Reference ref("qwen35_cond_mtp");
+  const auto tokens = ref.tokens("prompt5.tokens");
+  std::vector<std::vector<float>> logits;
+  for (int mode = 0; mode < 3; ++mode) {
+    gdn_model_params mp = gdn_model_default_params();
+    if (mode == 1) mp.weights_in_place = 1;
+    if (mode == 2) mp.size = static_cast<std::uint32_t>(offsetof(gdn_model_params, weights_in_place));
+    gdn_model* m = nullptr;
+    REQUIRE(gdn_model_load(path.c_str(), &mp, &m) == GDN_STATUS_OK);
+    gdn_model_config cfg;
+    cfg.size = sizeof cfg;
+    REQUIRE(gdn_model_get_config(m, &cfg) == GDN_STATUS_OK);
+    {
+      CContext cc(m, small_c_params());
+      logits.push_back(c_prefill(cc.c, tokens, cfg.vocab_size));
+    }
+    gdn_model_free(m);
+  }
+  CHECK(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(logits[0].data(), logits[2].data(), logits[0].size() * sizeof(float)) == 0);
+  const auto expect = ref.floats("prompt5.logits");
+  CHECK(test::max_abs_diff(logits[0].data(), expect.data(), expect.size()) <= logit_tolerance);
+  const bool amx = cpu::linear_kernel() == cpu::LinearKernel::amx;
+  CHECK((Model::load(path)->packed_bytes() > 0) == amx);
+  ModelParams in_place;
+  in_place.pack_weights = false;
+  CHECK(Model::load(path, in_place)->packed_bytes() == 0);
+  if (!amx) WARN("this CPU has no AMX: both loads used the weights in place");
+}
+
 TEST_CASE("model config through the C ABI", "[capi]") {
   CModel cm("qwen35_cond_mtp");
   auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));
@@ -200,6 +237,7 @@ TEST_CASE("parameter structs: defaults, sizes, newer and older callers", "[capi]
   CHECK(p.max_rollback_tokens == d.max_rollback_tokens);
   CHECK(p.backend == GDN_BACKEND_CPU);
   CHECK(gdn_model_default_params().load_mtp == ModelParams{}.load_mtp);
+  CHECK(gdn_model_default_params().weights_in_place == 0);
 
   CModel cm("qwen35_tied");
   gdn_context* ctx = nullptr;

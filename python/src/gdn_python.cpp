@@ -267,14 +267,17 @@ PYBIND11_MODULE(gdn, m) {
   py::class_<ModelHandle>(m, "Model", "An immutable model; share it between contexts and threads.")
       .def_static(
           "load",
-          [](const std::string& path, bool load_mtp) {
+          [](const std::string& path, bool load_mtp, bool pack_weights) {
             gdn::ModelParams p;
             p.load_mtp = load_mtp;
+            p.pack_weights = pack_weights;
             py::gil_scoped_release nogil;
             return ModelHandle{gdn::Model::load(path, p)};
           },
           "path"_a, py::kw_only(), "load_mtp"_a = gdn::ModelParams{}.load_mtp,
-          "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped.")
+          "pack_weights"_a = gdn::ModelParams{}.pack_weights,
+          "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped. "
+          "pack_weights: on an AMX CPU, copy the projections into the kernel's tile order (faster decode).")
       .def_property_readonly(
           "config", [](const ModelHandle& pm) -> const gdn::ModelConfig& { return pm.model->config(); },
           py::return_value_policy::reference_internal)

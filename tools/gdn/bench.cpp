@@ -404,6 +404,7 @@ struct Options {
   std::string peer_script = "bench/peer.py";
   std::string peer_args;
   int rounds = 3;
+  bool in_place = false;
   bool quick = false;
 };
 
@@ -468,9 +469,10 @@ int usage() {
       "usage: gdn bench [--model DIR | --shape 0.8b|2b] [--cache DIR] [--threads N] [--runs N]\n"
       "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
-      "                 [--peer-args 'ARGS'] [--rounds N]\n"
+      "                 [--peer-args 'ARGS'] [--rounds N] [--in-place]\n"
       "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512\n"
       "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
+      "  --in-place     read the weights from the mapped checkpoint (no packing into the AMX tile order)\n"
       "  --rounds N     with a peer: N head-to-head rounds of batch-1 prefill + decode, ours and the peer\n"
       "                 alternating, each bracketed by a bandwidth measurement (default 3)\n",
       stderr);
@@ -501,6 +503,7 @@ int bench(int argc, char** argv) {
     else if (a == "--peer-script" && v) o.peer_script = argv[++i];
     else if (a == "--peer-args" && v) o.peer_args = argv[++i];
     else if (a == "--rounds" && v) o.rounds = std::max(0, std::atoi(argv[++i]));
+    else if (a == "--in-place") o.in_place = true;
     else if (a == "--quick") o.quick = true;
     else return usage();
   }
@@ -534,15 +537,20 @@ int bench(int argc, char** argv) {
     }
   }
   out["model_dir"] = dir;
-  auto model = Model::load(dir);
+  ModelParams mparams;
+  mparams.pack_weights = !o.in_place;
+  auto model = Model::load(dir, mparams);
   const auto& cfg = model->config();
+  out["weights_packed_bytes"] = model->packed_bytes();
 
   ThreadPool bw_pool(o.threads);
   const int threads = bw_pool.size();
   out["threads"] = threads;
   out["kernel"] = cpu::linear_kernel_name();
-  fmt::print("gdn bench: {} ({} layers, hidden {}, vocab {}), {} threads, kernel {}\n", dir, cfg.num_layers, cfg.hidden_size,
-             cfg.vocab_size, threads, cpu::linear_kernel_name());
+  fmt::print("gdn bench: {} ({} layers, hidden {}, vocab {}), {} threads, kernel {}, weights {}\n", dir, cfg.num_layers,
+             cfg.hidden_size, cfg.vocab_size, threads, cpu::linear_kernel_name(),
+             model->packed_bytes() > 0 ? fmt::format("packed in tile order ({:.0f} MB)", model->packed_bytes() / 1e6)
+                                       : std::string("read in place"));
 
   // 1. Bandwidth and roofline.
   const Bandwidth bw = measure_bandwidth_apart(threads, o.stream_bytes, std::max(o.runs, 3));
