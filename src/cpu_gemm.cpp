@@ -370,8 +370,9 @@ struct alignas(64) TileConfig {
 
 // Tiles: C(group g, half h) = 2g + h, A(half) = 4, 5, B(group) = 6, 7. `cols0` and `cols1` are
 // the C/B columns of the two groups multiplied together (3 per activation row; cols1 = 0: one
-// group). Loaded afresh at the start of every range (`force`): the calling thread is the host's,
-// and other AMX code it runs between our calls (oneDNN, say) may have changed the configuration.
+// group). Loaded afresh (`force`) the first time a thread runs a range in each linear_multi call:
+// the calling thread is the host's, and other AMX code it runs between our calls (oneDNN, say) may
+// have changed the configuration.
 GDN_T_AMX void amx_configure(int cols0, int cols1, bool force) {
   thread_local int configured = -1;
   const int key = cols0 * 64 + cols1;
@@ -472,13 +473,14 @@ GDN_T_AMX inline void amx_kblock(const bf16* w, const std::uint16_t* image, std:
 // Rows [n0, n1) (at most max_range_rows) of one weight against every activation group.
 GDN_T_AMX void amx_range(const bf16* w, const std::uint16_t* image, std::int64_t in, std::int64_t out_rows, std::int64_t n0,
                          std::int64_t n1, const std::uint16_t* xp, std::int64_t steps, std::int64_t rows, float* y,
-                         std::int64_t ldy) {
+                         std::int64_t ldy, bool force_configure) {
   alignas(64) thread_local float cbuf[2][max_range_rows * 16];  // C tiles of the range per group, [n][column]
   const std::int64_t groups = (rows + group_rows - 1) / group_rows;
   const auto group_size = [&](std::int64_t g) { return std::min<std::int64_t>(group_rows, rows - g * group_rows); };
   for (std::int64_t g = 0; g < groups; g += 2) {
     const bool two = g + 1 < groups;
-    amx_configure(3 * static_cast<int>(group_size(g)), two ? 3 * static_cast<int>(group_size(g + 1)) : 0, g == 0);
+    amx_configure(3 * static_cast<int>(group_size(g)), two ? 3 * static_cast<int>(group_size(g + 1)) : 0,
+                  force_configure && g == 0);
     const std::uint16_t* b0 = xp + g * steps * tile_u16;
     const std::uint16_t* b1 = b0 + steps * tile_u16;
     for (std::int64_t s0 = 0; s0 < steps; s0 += kblock) {
@@ -586,6 +588,7 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
 
   bool any_packed = false;
   for (const auto& p : parts) any_packed |= packed_part(k, *p.w);
+  const std::uint64_t call = ws.begin_call();
   const std::int64_t kp = round_up(in, 32), steps = kp / 32;
   std::uint16_t* xp = nullptr;
   if (any_packed) {
@@ -598,12 +601,24 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
 #endif
   }
 
-  // Work items: ranges of output rows of each part. With few activation rows (decode) a range is a
-  // small block, so both threads stream weights; with many, a range is as many rows as fit in
-  // about 1 MiB of L2, reused by every activation row.
+  // Work items: ranges of output rows of each part (which rows share an item never changes a
+  // result). With at most two activation groups (batch ≤ 8) the weights are swept once, so a range
+  // is a long sequential stream — a quarter of each thread's share, at most 512 rows — which the
+  // prefetchers follow better than many short ones. With up to 32 rows every group pair sweeps
+  // the range again, so it is 32 rows, kept in L1/L2 between the sweeps. With more (prefill) a
+  // range is as many rows as fit in about 1 MiB of L2, reused by every activation group.
   std::int64_t range_rows;
-  if (k == LinearKernel::amx)
-    range_rows = rows <= 32 ? 32 : std::clamp<std::int64_t>((std::int64_t{1} << 20) / (2 * in) / 32 * 32, 32, max_range_rows);
+  if (k == LinearKernel::amx) {
+    if (rows <= 2 * group_rows) {
+      std::int64_t total_rows = 0;
+      for (const auto& p : parts) total_rows += p.w->dim(0);
+      range_rows = std::clamp<std::int64_t>(total_rows / (4 * pool.size()) / 32 * 32, 32, 512);
+    } else if (rows <= 32) {
+      range_rows = 32;
+    } else {
+      range_rows = std::clamp<std::int64_t>((std::int64_t{1} << 20) / (2 * in) / 32 * 32, 32, max_range_rows);
+    }
+  }
   else range_rows = 64;
   std::int64_t starts[16];
   std::int64_t total = 0;
@@ -625,7 +640,15 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
       const std::int64_t n0 = (b - starts[i]) * range_rows, n1 = std::min(out, n0 + range_rows);
       if (packed_part(k, W)) {
 #if GDN_X86
-        if (k == LinearKernel::amx) amx_range(W.as<bf16>(), p.amx_tiles, in, out, n0, n1, xp, steps, rows, p.y, p.ldy);
+        if (k == LinearKernel::amx) {
+          // The first range this thread runs in this call reloads the tile configuration.
+          thread_local const LinearWorkspace* last_ws = nullptr;
+          thread_local std::uint64_t last_call = 0;
+          const bool fresh = last_ws != &ws || last_call != call;
+          last_ws = &ws;
+          last_call = call;
+          amx_range(W.as<bf16>(), p.amx_tiles, in, out, n0, n1, xp, steps, rows, p.y, p.ldy, fresh);
+        }
         else block_bf16(W.as<bf16>(), in, kp, xp, rows, p.y, p.ldy, n0, n1);
 #endif
       } else {

@@ -105,7 +105,14 @@ GatedDeltaNetWeights bind_gdn(Binder& b, const ModelConfig& c, const std::string
     g.in_proj_qkvz = b.matrix(p + "in_proj_qkvz.weight", 2LL * c.gdn_key_dim() + 2LL * c.gdn_value_dim(), H);
     g.in_proj_ba = b.matrix(p + "in_proj_ba.weight", 2 * Hv, H);
   }
-  g.conv = b.floats(b.tensor(p + "conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel_dim}));
+  {
+    // Stored [conv_dim][1][K]; kept tap-major [K][conv_dim] for the conv's channel-contiguous loops.
+    const auto taps = b.floats(b.tensor(p + "conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel_dim}));
+    const std::int64_t C = c.gdn_conv_dim(), K = c.linear_conv_kernel_dim;
+    g.conv.resize(taps.size());
+    for (std::int64_t ch = 0; ch < C; ++ch)
+      for (std::int64_t j = 0; j < K; ++j) g.conv[static_cast<std::size_t>(j * C + ch)] = taps[static_cast<std::size_t>(ch * K + j)];
+  }
   g.neg_exp_A = b.vec(p + "A_log", Hv);
   for (auto& x : g.neg_exp_A) x = -std::exp(x);
   g.dt_bias = b.vec(p + "dt_bias", Hv);

@@ -394,17 +394,20 @@ TEST_CASE("CUDA causal conv1d: varlen prefill and multi-token update with snapsh
     const BfData hist = bf_normal(rng, static_cast<std::size_t>(pool) * (K - 1) * C, 1.0f);
 
     std::vector<float> ref_out(static_cast<std::size_t>(rows) * C), ref_hist = hist.f;
+    std::vector<float> w_taps(w.f.size());  // the CPU keeps taps tap-major, [K][C]
+    for (int c = 0; c < C; ++c)
+      for (int j = 0; j < K; ++j) w_taps[static_cast<std::size_t>(j * C + c)] = w.f[static_cast<std::size_t>(c * K + j)];
     std::vector<std::vector<float>> ref_snap(static_cast<std::size_t>(n) * 16);
     for (int s = 0; s < n; ++s) {
       float* st = ref_hist.data() + static_cast<std::int64_t>(slots[static_cast<std::size_t>(s)]) * (K - 1) * C;
       if (!update) {
-        gdn::layers::causal_conv1d_silu(w.f.data(), K, C, x.f.data() + cu[s] * C, C, lens[s], st,
+        gdn::layers::causal_conv1d_silu(w_taps.data(), K, C, x.f.data() + cu[s] * C, C, lens[s], st,
                                         ref_out.data() + cu[s] * C, C, 0, C);
         continue;
       }
       for (int t = 0; t < lens[s]; ++t) {  // one token at a time, reading the history after each
         const std::int64_t r = cu[s] + t;
-        gdn::layers::causal_conv1d_silu(w.f.data(), K, C, x.f.data() + r * C, C, 1, st, ref_out.data() + r * C, C, 0, C);
+        gdn::layers::causal_conv1d_silu(w_taps.data(), K, C, x.f.data() + r * C, C, 1, st, ref_out.data() + r * C, C, 0, C);
         ref_snap[static_cast<std::size_t>(s * 16 + t)].assign(st, st + (K - 1) * C);
       }
     }

@@ -151,7 +151,7 @@ TEST_CASE("causal conv with state equals the conv over the whole sequence", "[co
       float acc = 0;
       for (int j = 0; j < K; ++j) {
         const int src = t - (K - 1) + j;
-        if (src >= 0) acc += w[static_cast<std::size_t>(c * K + j)] * x[static_cast<std::size_t>(src * C + c)];
+        if (src >= 0) acc += w[static_cast<std::size_t>(j * C + c)] * x[static_cast<std::size_t>(src * C + c)];  // taps [K][C]
       }
       CHECK(whole[static_cast<std::size_t>(t * C + c)] == Approx(silu(acc)).margin(1e-6));
     }

@@ -45,32 +45,33 @@ class AttentionLayer {
 
     const int half = rope_.rotary_dim() / 2;
     const int ps = kv.page_size();
-    // Norm + RoPE, then write this step's keys and values into the cache.
-    for (const auto& s : segs) {
-      const auto& pages = page_tables[static_cast<std::size_t>(s.slot)];
-      ex.pool.parallel_for(s.n, 4, [&](std::int64_t t0, std::int64_t t1, int) {
-        for (std::int64_t t = t0; t < t1; ++t) {
-          const std::int64_t row = s.row + t;
-          const std::int64_t pos = s.pos + t;
-          const float* cs = b.cos + row * half;
-          const float* sn = b.sin + row * half;
-          const float* p = b.proj + row * b.ld_proj;
-          float* q = b.q + row * Hq * hd;
-          for (int h = 0; h < Hq; ++h) {
-            rms_norm(p + 2LL * h * hd, w_.q_norm_scale.data(), q + h * hd, hd, c_.rms_norm_eps);
-            rope_.apply(q + h * hd, cs, sn);
-          }
-          const std::int32_t page = pages[static_cast<std::size_t>(pos / ps)];
-          const std::int64_t off = (pos % ps) * hd;
-          for (int g = 0; g < Hkv; ++g) {
-            float* k = kv.keys(page, kv_layer, g) + off;
-            rms_norm(p + qg + g * hd, w_.k_norm_scale.data(), k, hd, c_.rms_norm_eps);
-            rope_.apply(k, cs, sn);
-            std::copy_n(p + qg + kvd + g * hd, hd, kv.values(page, kv_layer, g) + off);
-          }
+    // Norm + RoPE, then write this step's keys and values into the cache: one parallel region
+    // over all rows (a batch of decodes is many one-row segments).
+    ex.pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) {
+      // Segments are in row order; find the one holding r0, then walk on.
+      auto seg = std::upper_bound(segs.begin(), segs.end(), r0, [](std::int64_t r, const cpu::Segment& sg) { return r < sg.row; }) - 1;
+      for (std::int64_t row = r0; row < r1; ++row) {
+        while (row >= seg->row + seg->n) ++seg;
+        const auto& pages = page_tables[static_cast<std::size_t>(seg->slot)];
+        const std::int64_t pos = seg->pos + (row - seg->row);
+        const float* cs = b.cos + row * half;
+        const float* sn = b.sin + row * half;
+        const float* p = b.proj + row * b.ld_proj;
+        float* q = b.q + row * Hq * hd;
+        for (int h = 0; h < Hq; ++h) {
+          rms_norm(p + 2LL * h * hd, w_.q_norm_scale.data(), q + h * hd, hd, c_.rms_norm_eps);
+          rope_.apply(q + h * hd, cs, sn);
         }
-      });
-    }
+        const std::int32_t page = pages[static_cast<std::size_t>(pos / ps)];
+        const std::int64_t off = (pos % ps) * hd;
+        for (int g = 0; g < Hkv; ++g) {
+          float* k = kv.keys(page, kv_layer, g) + off;
+          rms_norm(p + qg + g * hd, w_.k_norm_scale.data(), k, hd, c_.rms_norm_eps);
+          rope_.apply(k, cs, sn);
+          std::copy_n(p + qg + kvd + g * hd, hd, kv.values(page, kv_layer, g) + off);
+        }
+      }
+    });
 
     // Attention, one task per (segment, kv head, block of up to 16 rows): the query heads of a kv
     // head share each block of keys and values while it sits in L2. Per query vector the softmax

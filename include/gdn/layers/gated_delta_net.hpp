@@ -41,7 +41,7 @@ struct GdnBuffers {
 };
 
 // Causal depthwise conv over one sequence's rows, continuing from (and updating) its conv state.
-// state: [K-1][C] oldest first; taps w[c*K + j], j = K-1 multiplies the current token.
+// state: [K-1][C] oldest first; taps w[j*C + c], j = K-1 multiplies the current token.
 inline void causal_conv1d_silu(const float* w, int K, std::int64_t C, const float* in, std::int64_t ld_in, std::int64_t n,
                                float* state, float* out, std::int64_t ld_out, std::int64_t c0, std::int64_t c1) {
   const int H = K - 1;  // history length
@@ -52,7 +52,8 @@ inline void causal_conv1d_silu(const float* w, int K, std::int64_t C, const floa
     for (int j = 0; j < K; ++j) {
       const std::int64_t src = t - H + j;  // row index; negative means history
       const float* u = src >= 0 ? in + src * ld_in : state + (H + src) * C;
-      for (std::int64_t c = c0; c < c1; ++c) o[c] += w[c * K + j] * u[c];
+      const float* wj = w + j * C;
+      for (std::int64_t c = c0; c < c1; ++c) o[c] += wj[c] * u[c];
     }
     cpu::vec::silu_inplace(o + c0, c1 - c0);
   }
@@ -89,7 +90,7 @@ class GatedDeltaNetLayer {
     const std::int64_t C = c_.gdn_conv_dim(), Vd = c_.gdn_value_dim();
     project(ex, xn, ldx, rows, b);
     if (log != nullptr) record_inputs(segs, pool, gdn_index, b, *log);
-    for (const auto& s : segs) conv(ex, s, pool.conv(s.slot, gdn_index), b.proj + s.row * b.ld_proj, b.ld_proj, b.conv_out);
+    conv_segments(ex, segs, pool, gdn_index, b);
     normalize_and_gate(ex, rows, b);
     if (log != nullptr) record_gates(segs, gdn_index, b, *log);
     delta_rule(ex, segs, pool, gdn_index, b.conv_out, b.gates, b.ld_gates, b.core, chunk_min);
@@ -128,6 +129,22 @@ class GatedDeltaNetLayer {
     const std::int64_t C = c_.gdn_conv_dim();
     ex.pool.parallel_for(C, 64, [&](std::int64_t c0, std::int64_t c1, int) {
       causal_conv1d_silu(w_.conv.data(), c_.linear_conv_kernel_dim, C, raw, ld_raw, s.n, state, conv_out + s.row * C, C, c0, c1);
+    });
+  }
+
+  // The conv of every segment in one parallel region (a batch of decodes is many one-row
+  // segments; a region per segment cost more than the conv itself). Channels are independent, so
+  // how they are split between threads never changes a result.
+  void conv_segments(cpu::Exec& ex, std::span<const cpu::Segment> segs, GdnStatePool& pool, int gdn_index,
+                     const GdnBuffers& b) const {
+    const std::int64_t C = c_.gdn_conv_dim(), block = 128, blocks = (C + block - 1) / block;
+    ex.pool.parallel_for(static_cast<std::int64_t>(segs.size()) * blocks, 1, [&](std::int64_t i0, std::int64_t i1, int) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const cpu::Segment& s = segs[static_cast<std::size_t>(i / blocks)];
+        const std::int64_t c0 = i % blocks * block, c1 = std::min(C, c0 + block);
+        causal_conv1d_silu(w_.conv.data(), c_.linear_conv_kernel_dim, C, b.proj + s.row * b.ld_proj, b.ld_proj, s.n,
+                           pool.conv(s.slot, gdn_index), b.conv_out + s.row * C, C, c0, c1);
+      }
     });
   }
 

@@ -34,7 +34,7 @@ struct GatedDeltaNetWeights {
   LinearWeight in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;
   // Fused layout (Qwen3-Next): rows interleaved per key-head group.
   LinearWeight in_proj_qkvz, in_proj_ba;
-  std::vector<float> conv;          // [conv_dim][kernel], tap kernel-1 multiplies the current token
+  std::vector<float> conv;          // [kernel][conv_dim] (tap-major, so a tap reads channels contiguously); tap kernel-1 multiplies the current token
   std::vector<float> neg_exp_A;     // −exp(A_log) per value head
   std::vector<float> dt_bias;       // per value head
   std::vector<float> norm;          // gated RMSNorm weight [dv], used as is

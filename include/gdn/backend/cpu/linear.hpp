@@ -51,9 +51,13 @@ class LinearWorkspace {
     if (buf_.size() < elements) buf_.resize(elements);
     return buf_.data();
   }
+  // Numbers the calls made with this workspace (the AMX kernel reloads its tile configuration once
+  // per call and thread, not once per block of rows).
+  std::uint64_t begin_call() noexcept { return ++calls_; }
 
  private:
   std::vector<std::uint16_t> buf_;
+  std::uint64_t calls_ = 0;
 };
 
 // One projection of a fused call: y (rows of `ldy` floats) = x · wᵀ.
