@@ -34,13 +34,15 @@ def main():
         m = h2h["median"]
         ax[0].set_title(f"decode, batch 1 (tok/s), % of each round's roofline\nmedian: libgdn {100 * m['ours_fraction_of_roofline']:.0f}%, "
                         f"{m['decode_ratio']:.2f}x llama.cpp", fontsize=9)
-        ax[0].legend(fontsize=7)
+        ax[0].set_ylim(0, max(q["roofline_tok_s"] for q in rounds) * 1.35)
+        ax[0].legend(fontsize=7, ncol=3, loc="upper center")
         for k, (key, label, col) in enumerate([("ours", "libgdn", ours), ("llama_cpp", "llama.cpp", theirs)]):
             vals = [q[key]["prefill_tok_s"] for q in rounds]
             ax[1].bar([i + (k - 0.5) * w for i in x], vals, w, color=col, label=label)
         ax[1].set_xticks(x, [f"round {i + 1}" for i in x], fontsize=7)
         ax[1].set_title(f"prefill, {r['prefill']['tokens']}-token prompt (tok/s)\nmedian {m['prefill_ratio']:.2f}x llama.cpp", fontsize=9)
-        ax[1].legend(fontsize=7)
+        ax[1].set_ylim(0, max(max(q["ours"]["prefill_tok_s"], q["llama_cpp"]["prefill_tok_s"]) for q in rounds) * 1.3)
+        ax[1].legend(fontsize=7, ncol=2, loc="upper center")
     else:
         # Decode at batch 1 against the roofline.
         names, vals, cols = ["roofline"], [r["roofline_tok_s"]], [roof]
