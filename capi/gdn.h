@@ -222,7 +222,8 @@ typedef struct gdn_context_params {
     int32_t kv_page_size;          /* positions per KV page (default 16) */
     int64_t kv_pages;              /* 0: enough for every slot to reach max_context */
     int32_t max_batch_tokens;      /* rows per pass through the layers; larger steps are split (256) */
-    int32_t max_logits_rows;       /* 0: max(max_sequences, 64); a larger step grows the buffer */
+    int32_t max_logits_rows;       /* 0: max(max_sequences, 64); a larger step grows the buffer (the old one is kept:
+                                      a pointer used too late reads stale values, never freed memory) */
     gdn_state_dtype state_dtype;   /* recurrent state dtype (default: the checkpoint's, float32) */
     int32_t threads;               /* 0: one per hardware thread */
     int32_t gdn_chunk_min_tokens;  /* a sequence advancing by at least this many tokens takes chunked GDN (16) */

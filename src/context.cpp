@@ -87,9 +87,17 @@ Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params)
 void Context::Impl::ensure_output_rows(std::int64_t rows) {
   const auto need = static_cast<std::size_t>(rows);
   if (row_has_logits.size() < need) {
-    logits_buf.resize(need * static_cast<std::size_t>(c.vocab_size));
-    hidden_buf.resize(need * static_cast<std::size_t>(c.hidden_size));
-    row_has_logits.resize(need);
+    // Growing moves the outputs. Views of the old buffers (a numpy array kept past the next step, a
+    // C pointer used too late) must read stale numbers, never freed memory, so the old buffers are
+    // retired rather than freed; growth at least doubles, so they hold less than the live ones.
+    const std::size_t rows_now = std::max(need, 2 * row_has_logits.size());
+    std::vector<float> logits(rows_now * static_cast<std::size_t>(c.vocab_size));
+    std::vector<float> hidden(rows_now * static_cast<std::size_t>(c.hidden_size));
+    if (!logits_buf.empty()) retired_outputs.push_back(std::move(logits_buf));
+    if (!hidden_buf.empty()) retired_outputs.push_back(std::move(hidden_buf));
+    logits_buf = std::move(logits);
+    hidden_buf = std::move(hidden);
+    row_has_logits.resize(rows_now);
   }
 }
 

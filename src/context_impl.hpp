@@ -114,6 +114,7 @@ struct Context::Impl {
   std::vector<cpu::Segment> segs;
   std::vector<OutputRow> outputs;
   std::vector<float> logits_buf, hidden_buf;
+  std::vector<std::vector<float>> retired_outputs;  // outgrown output buffers, kept for stale views
   std::vector<bool> row_has_logits;
   std::int64_t output_rows = 0;
 };

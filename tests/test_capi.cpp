@@ -175,6 +175,38 @@ TEST_CASE("weights packed for the CPU kernel or used in place: bit-identical log
   if (!amx) WARN("this CPU has no AMX: both loads used the weights in place");
 }
 
+TEST_CASE("an output pointer used past a step that grows the output buffer reads stale data, not freed memory", "[capi]") {
+  // The contract is "valid until the next step"; a host (or a numpy view) that breaks it must not
+  // read freed memory. Under ASan this fails if the outgrown buffer is freed.
+  CModel cm("qwen35_tied");
+  gdn_model_config cfg;
+  cfg.size = sizeof cfg;
+  REQUIRE(gdn_model_get_config(cm.m, &cfg) == GDN_STATUS_OK);
+  gdn_context_params p = small_c_params(1);
+  p.max_logits_rows = 2;
+  CContext cc(cm.m, p);
+  gdn_seq_id s = 0;
+  REQUIRE(gdn_seq_create(cc.c, &s) == GDN_STATUS_OK);
+  CBatch b;
+  const std::vector<Token> one = {5};
+  std::int64_t row = -1;
+  REQUIRE(gdn_batch_add(b.b, s, one.data(), 1, GDN_LOGITS_LAST, 0, &row) == GDN_STATUS_OK);
+  REQUIRE(gdn_context_step(cc.c, b.b) == GDN_STATUS_OK);
+  const float* old = nullptr;
+  REQUIRE(gdn_context_get_logits(cc.c, row, &old) == GDN_STATUS_OK);
+  const std::vector<float> before(old, old + cfg.vocab_size);
+  // 40 rows of logits: past max_logits_rows, so the buffer grows.
+  std::vector<Token> many(40);
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = static_cast<Token>(i % 200);
+  REQUIRE(gdn_batch_clear(b.b) == GDN_STATUS_OK);
+  REQUIRE(gdn_batch_add(b.b, s, many.data(), 40, GDN_LOGITS_ALL, 0, &row) == GDN_STATUS_OK);
+  REQUIRE(gdn_context_step(cc.c, b.b) == GDN_STATUS_OK);
+  const float* now = nullptr;
+  REQUIRE(gdn_context_get_logits(cc.c, 39, &now) == GDN_STATUS_OK);
+  CHECK(now != old);
+  CHECK(std::memcmp(old, before.data(), before.size() * sizeof(float)) == 0);  // stale, intact
+}
+
 TEST_CASE("model config through the C ABI", "[capi]") {
   CModel cm("qwen35_cond_mtp");
   auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));

@@ -30,7 +30,8 @@ struct ContextParams {
   int kv_page_size = 16;         // positions per KV page
   std::int64_t kv_pages = 0;     // 0: enough for every slot to reach max_context
   int max_batch_tokens = 256;    // rows per pass through the layers; larger steps are split
-  int max_logits_rows = 0;       // 0: max(max_sequences, 64); grows (allocates) only when exceeded
+  int max_logits_rows = 0;       // 0: max(max_sequences, 64); grows (allocates) only when exceeded, keeping
+                                 // the outgrown buffer so late readers see stale values, not freed memory
   std::optional<DType> state_dtype;  // recurrent state dtype; default: the config's mamba_ssm_dtype (float32)
   int threads = 0;               // 0: one per hardware thread
   int gdn_chunk_min_tokens = 16; // a sequence advancing by at least this many tokens takes chunked GDN
