@@ -36,6 +36,8 @@ namespace gdn::cpu {
 namespace {
 
 constexpr std::int64_t tile_u16 = 512;  // one AMX tile, 16 rows × 64 bytes, in uint16
+constexpr int group_rows = 4;  // activation rows per AMX B tile: 3 parts each, 12 of 16 columns
+std::int64_t amx_groups(std::int64_t rows) { return (rows + group_rows - 1) / group_rows; }
 
 // Copies 16 rows × 32 columns of W (rows n0.., columns k0..) into a zero-padded tile image.
 inline void weight_tile_copy(const bf16* w, std::int64_t in, std::int64_t out_rows, std::int64_t n0, std::int64_t k0,
@@ -358,7 +360,6 @@ GDN_T_BF16 void block_bf16(const bf16* w, std::int64_t in, std::int64_t kp, cons
 // element is the same sequence of operations whatever the number of rows (columns never mix;
 // missing rows are columns never read).
 
-constexpr int group_rows = 4;  // activation rows per B tile: 3 parts each, 12 of 16 columns
 
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
@@ -475,7 +476,7 @@ GDN_T_AMX void amx_range(const bf16* w, const std::uint16_t* image, std::int64_t
                          std::int64_t n1, const std::uint16_t* xp, std::int64_t steps, std::int64_t rows, float* y,
                          std::int64_t ldy, bool force_configure) {
   alignas(64) thread_local float cbuf[2][max_range_rows * 16];  // C tiles of the range per group, [n][column]
-  const std::int64_t groups = (rows + group_rows - 1) / group_rows;
+  const std::int64_t groups = amx_groups(rows);
   const auto group_size = [&](std::int64_t g) { return std::min<std::int64_t>(group_rows, rows - g * group_rows); };
   for (std::int64_t g = 0; g < groups; g += 2) {
     const bool two = g + 1 < groups;
@@ -542,7 +543,7 @@ std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b *
 // uint16 elements of the packed activations, for either layout: AMX groups (group_rows rows, steps tiles
 // each), or rows × parts·Kp for the vdpbf16ps kernel.
 std::size_t packed_activation_elements(std::int64_t rows, std::int64_t kp) {
-  const std::int64_t amx = (rows + group_rows - 1) / group_rows * (kp / 32) * tile_u16, rowwise = rows * 3 * kp;
+  const std::int64_t amx = amx_groups(rows) * (kp / 32) * tile_u16, rowwise = rows * 3 * kp;
   return static_cast<std::size_t>(std::max(amx, rowwise));
 }
 
@@ -595,7 +596,7 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
     xp = ws.get(packed_activation_elements(rows, kp));
 #if GDN_X86
     if (k == LinearKernel::amx)
-      pool.parallel_for((rows + group_rows - 1) / group_rows, 1, [&](std::int64_t g0, std::int64_t g1, int) { pack_amx(x, ldx, rows, in, steps, g0, g1, xp); });
+      pool.parallel_for(amx_groups(rows), 1, [&](std::int64_t g0, std::int64_t g1, int) { pack_amx(x, ldx, rows, in, steps, g0, g1, xp); });
     else
       pool.parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1, int) { pack_rows_bf16(x, ldx, r0, r1, in, kp, xp); });
 #endif

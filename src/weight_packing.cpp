@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gdn/backend/cpu/linear.hpp"
@@ -17,10 +18,10 @@
 namespace gdn {
 namespace {
 
-void add_layer(DecoderLayerWeights& l, std::vector<LinearWeight*>& out) {
-  for (LinearWeight* w : {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a, &l.gdn.in_proj_qkvz,
-                          &l.gdn.in_proj_ba, &l.gdn.out_proj, &l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj,
-                          &l.attn.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj})
+void add_layer(const DecoderLayerWeights& l, std::vector<const LinearWeight*>& out) {
+  for (const LinearWeight* w : {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a,
+                                &l.gdn.in_proj_qkvz, &l.gdn.in_proj_ba, &l.gdn.out_proj, &l.attn.q_proj, &l.attn.k_proj,
+                                &l.attn.v_proj, &l.attn.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj})
     if (!w->w.empty()) out.push_back(w);
 }
 
@@ -41,14 +42,20 @@ void release_mapped_pages(std::uintptr_t lo, std::uintptr_t hi, const io::Checkp
 
 }  // namespace
 
-std::vector<LinearWeight*> ModelWeights::projections() {
-  std::vector<LinearWeight*> out;
-  for (auto& l : layers) add_layer(l, out);
+std::vector<const LinearWeight*> ModelWeights::projections(bool include_mtp) const {
+  std::vector<const LinearWeight*> out;
+  for (const auto& l : layers) add_layer(l, out);
   out.push_back(&lm_head);
-  if (mtp) {
+  if (mtp && include_mtp) {
     out.push_back(&mtp->fc);
     add_layer(mtp->layer, out);
   }
+  return out;
+}
+
+std::vector<LinearWeight*> ModelWeights::projections(bool include_mtp) {
+  std::vector<LinearWeight*> out;
+  for (const LinearWeight* p : std::as_const(*this).projections(include_mtp)) out.push_back(const_cast<LinearWeight*>(p));
   return out;
 }
 

@@ -366,24 +366,10 @@ Bandwidth measure_bandwidth_apart(int threads, std::int64_t bytes, int runs) {
 // Bytes of weights one decode step streams: every projection of every layer, plus lm_head and one
 // embedding row.
 std::int64_t weight_bytes_per_token(const Model& m) {
-  const auto& w = m.weights();
   std::int64_t b = 0;
-  auto add = [&](const LinearWeight& lw) {
-    if (!lw.w.empty()) b += static_cast<std::int64_t>(lw.w.nbytes());
-  };
-  for (const auto& l : w.layers) {
-    if (l.kind == LayerKind::linear_attention) {
-      for (const auto* lw : {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a,
-                             &l.gdn.in_proj_qkvz, &l.gdn.in_proj_ba, &l.gdn.out_proj})
-        add(*lw);
-    } else {
-      for (const auto* lw : {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj, &l.attn.o_proj}) add(*lw);
-    }
-    for (const auto* lw : {&l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj}) add(*lw);
-  }
-  add(w.lm_head);
-  b += static_cast<std::int64_t>(w.embed_tokens.nbytes() / static_cast<std::size_t>(w.embed_tokens.dim(0)));
-  return b;
+  for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false)) b += static_cast<std::int64_t>(lw->w.nbytes());
+  const TensorView& e = m.weights().embed_tokens;
+  return b + static_cast<std::int64_t>(e.nbytes() / static_cast<std::size_t>(e.dim(0)));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -438,6 +424,41 @@ void prefill(Context& ctx, SeqId s, std::span<const Token> tokens, Batch& batch)
   batch.clear();
   batch.add(s, tokens, LogitsFor::last);
   ctx.step(batch);
+}
+
+// A context for batch-1 runs: one sequence, room for the prompt and every run's decode steps.
+ContextParams batch1_params(int prompt_tokens, int decode_tokens, int runs, int threads) {
+  ContextParams p;
+  p.max_sequences = 1;
+  p.max_context = prompt_tokens + decode_tokens * (runs + 1) + 8;
+  p.max_batch_tokens = std::max(prompt_tokens, 1);
+  p.threads = threads;
+  return p;
+}
+
+struct Batch1Speeds {
+  std::vector<double> prefill_tok_s, decode_tok_s;  // one per timed run
+};
+
+// Batch-1 prefill of `prompt` and `decode_tokens` single steps on sequence `s`, `runs` timed runs
+// after a warm-up run (which also pages the weights in). Decode allocations go to *allocs.
+Batch1Speeds run_batch1(Context& ctx, SeqId s, std::span<const Token> prompt, int decode_tokens, int runs, Batch& batch,
+                        long& allocs, long& alloc_steps) {
+  Batch1Speeds out;
+  const SeqId seqs[1] = {s};
+  for (int r = 0; r < runs + 1; ++r) {
+    ctx.reset_sequence(s);
+    const auto t0 = Clock::now();
+    prefill(ctx, s, prompt, batch);
+    const double tp = seconds_since(t0);
+    const double td = decode_steps(ctx, seqs, decode_tokens, batch, r > 0 ? &allocs : nullptr);
+    if (r > 0) {
+      out.prefill_tok_s.push_back(static_cast<double>(prompt.size()) / tp);
+      out.decode_tok_s.push_back(decode_tokens / td);
+      alloc_steps += decode_tokens;
+    }
+  }
+  return out;
 }
 
 // Runs the peer once (a shell command printing one JSON object as its last line) and returns
@@ -569,29 +590,13 @@ int bench(int argc, char** argv) {
 
   // 2. Batch-1 prefill and decode.
   {
-    ContextParams p;
-    p.max_sequences = 1;
-    p.max_context = P + N * (o.runs + 1) + 8;
-    p.max_batch_tokens = std::max(P, 1);
-    p.threads = o.threads;
-    Context ctx(model, p);
+    Context ctx(model, batch1_params(P, N, o.runs, o.threads));
     const SeqId s = ctx.create_sequence();
     Batch batch;
     batch.reserve(4, static_cast<std::size_t>(P));
-    std::vector<double> pre, dec;
-    const SeqId seqs[1] = {s};
-    for (int r = 0; r < o.runs + 1; ++r) {  // run 0 is a warm-up (pages the weights in)
-      ctx.reset_sequence(s);
-      const auto t0 = Clock::now();
-      prefill(ctx, s, prompt, batch);
-      const double tp = seconds_since(t0);
-      const double td = decode_steps(ctx, seqs, N, batch, r > 0 ? &allocs : nullptr);
-      if (r > 0) {
-        pre.push_back(P / tp);
-        dec.push_back(N / td);
-        alloc_steps += N;
-      }
-    }
+    const Batch1Speeds b1 = run_batch1(ctx, s, prompt, N, o.runs, batch, allocs, alloc_steps);
+    const std::vector<double>& pre = b1.prefill_tok_s;
+    const std::vector<double>& dec = b1.decode_tok_s;
     const double d = median(dec), pf = median(pre);
     out["decode"] = {{"tok_s", d}, {"runs", dec}, {"tokens", N}, {"context", P}, {"fraction_of_roofline", d / roofline}};
     out["prefill"] = {{"tok_s", pf}, {"runs", pre}, {"tokens", P}};
@@ -724,14 +729,8 @@ int bench(int argc, char** argv) {
   // bandwidth again; a round's roofline is the mean of its two bandwidth figures. The medians of
   // the per-round ratios are the comparison this tool stands by.
   if (!o.peer_python.empty() && o.rounds > 0) {
-    ContextParams p;
-    p.max_sequences = 1;
-    p.max_context = P + N * (o.runs + 1) + 8;
-    p.max_batch_tokens = std::max(P, 1);
-    p.threads = o.threads;
-    Context ctx(model, p);
+    Context ctx(model, batch1_params(P, N, o.runs, o.threads));
     const SeqId s = ctx.create_sequence();
-    const SeqId seqs[1] = {s};
     Batch batch;
     batch.reserve(4, static_cast<std::size_t>(P));
     json rounds = json::array();
@@ -740,21 +739,9 @@ int bench(int argc, char** argv) {
       const double bw0 = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
       double od = 0, op = 0, ld = 0, lp = 0;
       const auto ours = [&] {
-        std::vector<double> pre, dec;
-        for (int r = 0; r < o.runs + 1; ++r) {  // run 0 is a warm-up
-          ctx.reset_sequence(s);
-          const auto t0 = Clock::now();
-          prefill(ctx, s, prompt, batch);
-          const double tp = seconds_since(t0);
-          const double td = decode_steps(ctx, seqs, N, batch, r > 0 ? &allocs : nullptr);
-          if (r > 0) {
-            pre.push_back(P / tp);
-            dec.push_back(N / td);
-            alloc_steps += N;
-          }
-        }
-        od = median(dec);
-        op = median(pre);
+        const Batch1Speeds b1 = run_batch1(ctx, s, prompt, N, o.runs, batch, allocs, alloc_steps);
+        od = median(b1.decode_tok_s);
+        op = median(b1.prefill_tok_s);
       };
       bool peer_ok = true;
       const auto theirs = [&] {

@@ -80,8 +80,9 @@ struct ModelWeights {
   // Tile images of the projections (pack_weights_for_cpu).
   AnonymousMemory packed;
 
-  // Every projection the model runs, the MTP head's included.
-  std::vector<LinearWeight*> projections();
+  // Every projection the model runs (the MTP head's too unless include_mtp is false).
+  std::vector<const LinearWeight*> projections(bool include_mtp = true) const;
+  std::vector<LinearWeight*> projections(bool include_mtp = true);
 };
 
 // Checks every tensor the config implies (presence, dtype, shape) and binds it. Throws
