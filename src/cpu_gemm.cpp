@@ -412,11 +412,26 @@ GDN_T_AMX void pack_amx(const float* x, std::int64_t ldx, std::int64_t rows, std
   }
 }
 
+// Tile loads wait for the products still reading their tile (tiles are not renamed), so while the
+// tile unit works no new weight load is issued and the stream falls behind whenever the products
+// take long (batched decode) or the prefetchers lag. Touching the image a few k steps ahead keeps
+// its lines in flight: in A/B runs in one process, 2–4 steps ahead made batch-1 decode 4–10% and
+// batch-16 decode 9–11% faster; 8 steps, or prefetching into L2 only, bought nothing. Lines past
+// the end of a k block belong to the same 32-row block's next k block, read in a later pass.
+constexpr std::int64_t prefetch_steps = 3;
+
+GDN_T_AMX inline void prefetch_tile(const std::uint16_t* t) {
+  const char* p = reinterpret_cast<const char*>(t);
+  for (int line = 0; line < 1024; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
 // (Tile numbers must be literals: the intrinsics paste them into the instruction.)
 #define GDN_AMX_LOAD_A(i, tile)                                                               \
   do {                                                                                        \
     if (image != nullptr) {                                                                   \
-      _tile_loadd(tile, image + image_tile((n0 >> 4) + (i), s, steps) * tile_u16, 64);        \
+      const std::uint16_t* t_ = image + image_tile((n0 >> 4) + (i), s, steps) * tile_u16;    \
+      prefetch_tile(t_ + prefetch_steps * 2 * tile_u16);                                      \
+      _tile_loadd(tile, t_, 64);                                                              \
     } else if (full[i] && s < full_steps) {                                                   \
       _tile_loadd(tile, w + (n0 + 16 * (i)) * in + s * 32, in * 2);                           \
     } else {                                                                                  \
