@@ -417,7 +417,8 @@ GDN_T_AMX void pack_amx(const float* x, std::int64_t ldx, std::int64_t rows, std
 // take long (batched decode) or the prefetchers lag. Touching the image a few k steps ahead keeps
 // its lines in flight: in A/B runs in one process, 2–4 steps ahead made batch-1 decode 4–10% and
 // batch-16 decode 9–11% faster; 8 steps, or prefetching into L2 only, bought nothing. Lines past
-// the end of a k block belong to the same 32-row block's next k block, read in a later pass.
+// the end of a k block belong to the same 32-row block's next k block, read in a later pass; past
+// the end of the image a prefetch touches nothing (prefetches never fault).
 constexpr std::int64_t prefetch_steps = 3;
 
 GDN_T_AMX inline void prefetch_tile(const std::uint16_t* t) {
@@ -514,7 +515,7 @@ GDN_T_AMX void amx_range(const bf16* w, const std::uint16_t* image, std::int64_t
         }
       }
     }
-    // cbuf[j][(n − n0)·16 + 3m + p]: weight row n, part p of activation row (g + j)·5 + m.
+    // cbuf[j][(n − n0)·16 + 3m + p]: weight row n, part p of activation row (g + j)·group_rows + m.
     for (std::int64_t j = 0; j < (two ? 2 : 1); ++j) {
       const float* cb = cbuf[j];
       for (std::int64_t m = 0; m < group_size(g + j); ++m) {
