@@ -151,9 +151,9 @@ typedef struct gdn_model_params {
     uint32_t size;     /* sizeof(gdn_model_params) */
     bool load_mtp;     /* bind the checkpoint's multi-token-prediction head when it has one (default true) */
     /* Added after 0.1.0 (a caller compiled before it gets the default). Nonzero: use the weights in place
-       from the mapped checkpoint. Zero (default): when the CPU's projection kernel is AMX, copy the
-       bf16 projections into its tile order at load (decode streams them ~15-20% faster; costs the
-       weights' size in anonymous memory, the checkpoint's pages of them are let go). */
+       from the mapped checkpoint. Zero (default): when the CPU's projection kernel is AMX or AVX-512, copy
+       the bf16 projections into the order it reads them at load (decode streams them sequentially; costs
+       the weights' size in anonymous memory, the checkpoint's pages of them are let go). */
     uint32_t weights_in_place;
 } gdn_model_params;
 

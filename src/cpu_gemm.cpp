@@ -1,6 +1,7 @@
-// CPU projection kernels (see linear.hpp): run-time dispatch between AMX, AVX-512-BF16, AVX-512,
-// AVX2 and scalar code compiled in this one file with per-function target attributes, so the
-// library needs no -march flag to use the vector units of the machine it runs on.
+// CPU projection kernels (see linear.hpp): run-time dispatch between AMX, AVX-512, AVX2 and scalar
+// code compiled with per-function target attributes (the AVX-512 bf16 kernel in
+// cpu_gemm_panel.cpp), so the library needs no -march flag to use the vector units of the machine
+// it runs on.
 
 #include <algorithm>
 #include <atomic>
@@ -14,22 +15,17 @@
 #include "gdn/backend/cpu/linear.hpp"
 #include "gdn/core/error.hpp"
 
-#if defined(__x86_64__)
+#include "cpu_gemm_internal.hpp"
+
+#if GDN_X86
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define GDN_X86 1
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsics as uninitialised
 // (a known false positive); nothing in this file reads an uninitialised value.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#define GDN_T_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define GDN_T_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
-#define GDN_T_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
-#define GDN_T_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16,fma,f16c")))
-#else
-#define GDN_X86 0
 #endif
 
 namespace gdn::cpu {
@@ -55,7 +51,7 @@ inline std::int64_t image_tile(std::int64_t rb, std::int64_t s, std::int64_t ste
 }
 
 
-// Activations enter the bf16 kernels as this many bf16 parts (see split32).
+// Activations enter the AMX kernel as this many bf16 parts (see split32).
 constexpr int split_parts = 3;
 
 // ------------------------------------------------------------------------------------------------
@@ -268,7 +264,7 @@ GDN_T_AVX512 void block_avx512(const W* w, std::int64_t in, const float* x, std:
 
 // ------------------------------------------------------------------------------------------------
 // bf16 split of activations into three parts, x = hi + mid + lo exactly (each remainder is exact
-// in float and the three 8-bit significands cover float's 24), so the bf16 kernels multiply the
+// in float and the three 8-bit significands cover float's 24), so the AMX kernel multiplies the
 // float activations themselves, not a rounded copy.
 
 GDN_T_BF16 inline __m512i widen_lo16(__m512i b) {
@@ -290,61 +286,6 @@ GDN_T_BF16 inline void split32(const float* x, std::int64_t valid, __m512i out[s
     x0 = _mm512_sub_ps(x0, _mm512_castsi512_ps(widen_lo16(hb)));
     x1 = _mm512_sub_ps(x1, _mm512_castsi512_ps(widen_hi16(hb)));
   }
-}
-
-// Row-major packing for the vdpbf16ps kernel: per row, split_parts arrays of Kp (in rounded up to 32).
-GDN_T_BF16 void pack_rows_bf16(const float* x, std::int64_t ldx, std::int64_t r0, std::int64_t r1, std::int64_t in,
-                               std::int64_t kp, std::uint16_t* out) {
-  for (std::int64_t r = r0; r < r1; ++r) {
-    std::uint16_t* row = out + r * split_parts * kp;
-    for (std::int64_t k = 0; k < kp; k += 32) {
-      __m512i parts[split_parts];
-      split32(x + r * ldx + k, in - k, parts);
-      for (int p = 0; p < split_parts; ++p) _mm512_storeu_si512(row + p * kp + k, parts[p]);
-    }
-  }
-}
-
-template <int R, int N>
-GDN_T_BF16 void tile_bf16(const bf16* w, std::int64_t in, std::int64_t kp, const std::uint16_t* xp, float* y,
-                          std::int64_t ldy, std::int64_t n0) {
-  __m512 acc[R][N];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < N; ++j) acc[r][j] = _mm512_setzero_ps();
-  for (std::int64_t k = 0; k < kp; k += 32) {
-    __m512i wv[N];
-    if (k + 32 <= in) {
-      for (int j = 0; j < N; ++j) wv[j] = _mm512_loadu_si512(w + (n0 + j) * in + k);
-    } else {
-      const __mmask32 m = static_cast<__mmask32>((1ull << (in - k)) - 1ull);
-      for (int j = 0; j < N; ++j) wv[j] = _mm512_maskz_loadu_epi16(m, w + (n0 + j) * in + k);
-    }
-    for (int r = 0; r < R; ++r) {
-      for (int p = 0; p < split_parts; ++p) {
-        const __m512i xv = _mm512_loadu_si512(xp + (r * split_parts + p) * kp + k);
-        for (int j = 0; j < N; ++j)
-          acc[r][j] = _mm512_dpbf16_ps(acc[r][j], reinterpret_cast<const __m512bh&>(wv[j]),
-                                       reinterpret_cast<const __m512bh&>(xv));
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < N; ++j) y[r * ldy + n0 + j] = _mm512_reduce_add_ps(acc[r][j]);
-}
-
-template <int N>
-GDN_T_BF16 void rows_bf16(const bf16* w, std::int64_t in, std::int64_t kp, const std::uint16_t* xp, std::int64_t rows,
-                          float* y, std::int64_t ldy, std::int64_t n0) {
-  std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) tile_bf16<4, N>(w, in, kp, xp + r * split_parts * kp, y + r * ldy, ldy, n0);
-  for (; r < rows; ++r) tile_bf16<1, N>(w, in, kp, xp + r * split_parts * kp, y + r * ldy, ldy, n0);
-}
-
-GDN_T_BF16 void block_bf16(const bf16* w, std::int64_t in, std::int64_t kp, const std::uint16_t* xp, std::int64_t rows,
-                           float* y, std::int64_t ldy, std::int64_t n0, std::int64_t n1) {
-  std::int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) rows_bf16<4>(w, in, kp, xp, rows, y, ldy, n);
-  for (; n < n1; ++n) rows_bf16<1>(w, in, kp, xp, rows, y, ldy, n);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -556,16 +497,19 @@ void float_block(LinearKernel k, const TensorView& W, const float* x, std::int64
 
 std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
 
-// uint16 elements of the packed activations, for either layout: AMX groups (group_rows rows, steps tiles
-// each), or rows × parts·Kp for the vdpbf16ps kernel.
+// uint16 elements of the AMX kernel's packed activations: groups of group_rows rows, kp / 32 tiles each.
 std::size_t packed_activation_elements(std::int64_t rows, std::int64_t kp) {
-  const std::int64_t amx = amx_groups(rows) * (kp / 32) * tile_u16, rowwise = rows * 3 * kp;
-  return static_cast<std::size_t>(std::max(amx, rowwise));
+  return static_cast<std::size_t>(amx_groups(rows) * (kp / 32) * tile_u16);
 }
 
-// Parts that run on a bf16 kernel (bf16 weights and a bf16 kernel), else on the float kernels.
-bool packed_part(LinearKernel k, const TensorView& W) {
-  return W.dtype == DType::bf16 && (k == LinearKernel::amx || k == LinearKernel::avx512bf16);
+bool amx_part(LinearKernel k, const TensorView& W) { return W.dtype == DType::bf16 && k == LinearKernel::amx; }
+bool panel_part(LinearKernel k, const TensorView& W) {
+  return W.dtype == DType::bf16 && (k == LinearKernel::avx512 || k == LinearKernel::avx512bf16);
+}
+
+// The image a part brings, if it is in the layout this call's kernel reads.
+const std::uint16_t* part_image(LinearKernel k, const LinearPart& p) {
+  return p.image != nullptr && p.image_layout == weight_image_layout(k) ? p.image : nullptr;
 }
 
 }  // namespace
@@ -603,40 +547,35 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
   for (const auto& p : parts)
     if (p.w->dim(1) != in) throw Error(Status::internal, "linear_multi: parts have different input sizes");
 
-  bool any_packed = false;
-  for (const auto& p : parts) any_packed |= packed_part(k, *p.w);
+  bool any_amx = false;
+  for (const auto& p : parts) any_amx |= amx_part(k, *p.w);
   const std::uint64_t call = ws.begin_call();
   const std::int64_t kp = round_up(in, 32), steps = kp / 32;
   std::uint16_t* xp = nullptr;
-  if (any_packed) {
+  if (any_amx) {
     xp = ws.get(packed_activation_elements(rows, kp));
 #if GDN_X86
-    if (k == LinearKernel::amx)
-      pool.parallel_for(amx_groups(rows), 1, [&](std::int64_t g0, std::int64_t g1, int) { pack_amx(x, ldx, rows, in, steps, g0, g1, xp); });
-    else
-      pool.parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1, int) { pack_rows_bf16(x, ldx, r0, r1, in, kp, xp); });
+    pool.parallel_for(amx_groups(rows), 1, [&](std::int64_t g0, std::int64_t g1, int) { pack_amx(x, ldx, rows, in, steps, g0, g1, xp); });
 #endif
   }
 
   // Work items: ranges of output rows of each part (which rows share an item never changes a
-  // result). With at most two activation groups (batch ≤ 8) the weights are swept once, so a range
-  // is a long sequential stream — a quarter of each thread's share, at most 512 rows — which the
-  // prefetchers follow better than many short ones. With up to 32 rows every group pair sweeps
-  // the range again, so it is 32 rows, kept in L1/L2 between the sweeps. With more (prefill) a
-  // range is as many rows as fit in about 1 MiB of L2, reused by every activation group.
-  std::int64_t range_rows;
-  if (k == LinearKernel::amx) {
-    if (rows <= 2 * group_rows) {
-      std::int64_t total_rows = 0;
-      for (const auto& p : parts) total_rows += p.w->dim(0);
-      range_rows = std::clamp<std::int64_t>(total_rows / (4 * pool.size()) / 32 * 32, 32, 512);
-    } else if (rows <= 32) {
-      range_rows = 32;
-    } else {
-      range_rows = std::clamp<std::int64_t>((std::int64_t{1} << 20) / (2 * in) / 32 * 32, 32, max_range_rows);
-    }
+  // result). When the activations are swept once per weight (batch ≤ 8 on AMX, ≤ 6 on AVX-512) a
+  // range is a long sequential stream — a quarter of each thread's share, at most 512 rows — which
+  // the prefetchers follow better than many short ones. With more rows every group of activation
+  // rows sweeps the range again, so it is 32 rows, kept in L1/L2 between the sweeps; with many more
+  // (prefill, AMX) as many rows as fit in about 1 MiB of L2, reused by every activation group.
+  const bool one_sweep = k == LinearKernel::amx ? rows <= 2 * group_rows : rows <= detail::panel_tile_rows;
+  std::int64_t range_rows = 64;
+  if ((k == LinearKernel::amx || k == LinearKernel::avx512 || k == LinearKernel::avx512bf16) && one_sweep) {
+    std::int64_t total_rows = 0;
+    for (const auto& p : parts) total_rows += p.w->dim(0);
+    range_rows = std::clamp<std::int64_t>(total_rows / (4 * pool.size()) / 32 * 32, 32, 512);
+  } else if (k == LinearKernel::amx && rows > 32) {
+    range_rows = std::clamp<std::int64_t>((std::int64_t{1} << 20) / (2 * in) / 32 * 32, 32, max_range_rows);
+  } else if (k >= LinearKernel::avx512) {
+    range_rows = 32;
   }
-  else range_rows = 64;
   std::int64_t starts[16];
   std::int64_t total = 0;
   const std::size_t np = std::min<std::size_t>(parts.size(), 15);
@@ -655,22 +594,23 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
       const TensorView& W = *p.w;
       const std::int64_t out = W.dim(0);
       const std::int64_t n0 = (b - starts[i]) * range_rows, n1 = std::min(out, n0 + range_rows);
-      if (packed_part(k, W)) {
 #if GDN_X86
-        if (k == LinearKernel::amx) {
-          // The first range this thread runs in this call reloads the tile configuration.
-          thread_local const LinearWorkspace* last_ws = nullptr;
-          thread_local std::uint64_t last_call = 0;
-          const bool fresh = last_ws != &ws || last_call != call;
-          last_ws = &ws;
-          last_call = call;
-          amx_range(W.as<bf16>(), p.amx_tiles, in, out, n0, n1, xp, steps, rows, p.y, p.ldy, fresh);
-        }
-        else block_bf16(W.as<bf16>(), in, kp, xp, rows, p.y, p.ldy, n0, n1);
-#endif
-      } else {
-        float_block(k, W, x, ldx, rows, p.y, p.ldy, n0, n1);
+      if (amx_part(k, W)) {
+        // The first range this thread runs in this call reloads the tile configuration.
+        thread_local const LinearWorkspace* last_ws = nullptr;
+        thread_local std::uint64_t last_call = 0;
+        const bool fresh = last_ws != &ws || last_call != call;
+        last_ws = &ws;
+        last_call = call;
+        amx_range(W.as<bf16>(), part_image(k, p), in, out, n0, n1, xp, steps, rows, p.y, p.ldy, fresh);
+        continue;
       }
+      if (panel_part(k, W)) {
+        detail::panel_range(W.as<bf16>(), part_image(k, p), in, out, n0, n1, x, ldx, rows, p.y, p.ldy);
+        continue;
+      }
+#endif
+      float_block(k, W, x, ldx, rows, p.y, p.ldy, n0, n1);
     }
   });
 }
@@ -681,13 +621,32 @@ void linear(ThreadPool& pool, LinearWorkspace& ws, const TensorView& W, const fl
   linear_multi(pool, ws, std::span(&part, 1), x, ldx, rows);
 }
 
-std::size_t amx_tile_image_elements(std::int64_t out, std::int64_t in) noexcept {
-  return static_cast<std::size_t>(round_up(out, 32) * round_up(in, 32));
+WeightImage weight_image_layout(LinearKernel kernel) noexcept {
+  switch (kernel) {
+    case LinearKernel::amx: return WeightImage::amx_tiles;
+    case LinearKernel::avx512bf16:
+    case LinearKernel::avx512: return WeightImage::panels;
+    default: return WeightImage::none;
+  }
 }
 
-void pack_amx_tile_image(const TensorView& W, std::int64_t row0, std::int64_t row1, std::uint16_t* image) {
-  if (W.dtype != DType::bf16 || W.rank != 2) throw Error(Status::internal, "pack_amx_tile_image: a rank-2 bf16 weight expected");
-  const std::int64_t out = W.dim(0), in = W.dim(1), steps = round_up(in, 32) / 32;
+std::size_t weight_image_elements(WeightImage layout, std::int64_t out, std::int64_t in) noexcept {
+  switch (layout) {
+    case WeightImage::amx_tiles: return static_cast<std::size_t>(round_up(out, 32) * round_up(in, 32));
+    case WeightImage::panels: return static_cast<std::size_t>(detail::panel_image_elements(out, in));
+    default: return 0;
+  }
+}
+
+void pack_weight_image(WeightImage layout, const TensorView& W, std::int64_t row0, std::int64_t row1,
+                       std::uint16_t* image) {
+  if (W.dtype != DType::bf16 || W.rank != 2) throw Error(Status::internal, "pack_weight_image: a rank-2 bf16 weight expected");
+  const std::int64_t out = W.dim(0), in = W.dim(1);
+  if (row0 % 32 != 0 || (row1 % 32 != 0 && row1 != out) || row0 > row1 || row1 > out)
+    throw Error(Status::internal, "pack_weight_image: rows must be whole blocks of 32");
+  if (layout == WeightImage::panels) return detail::pack_panel_image(W.as<bf16>(), out, in, row0, row1, image);
+  if (layout != WeightImage::amx_tiles) throw Error(Status::internal, "pack_weight_image: no such layout");
+  const std::int64_t steps = round_up(in, 32) / 32;
   // The last block of 32 rows includes its padding rows.
   const std::int64_t rb1 = row1 >= out ? round_up(out, 32) / 16 : row1 / 16;
   for (std::int64_t rb = row0 / 16; rb < rb1; ++rb)

@@ -1,5 +1,5 @@
-// Packing a model's projections into the AMX kernel's tile order at load (see
-// cpu::pack_amx_tile_image for why), and ModelWeights::projections().
+// Packing a model's projections into the order its projection kernel reads them, at load (see
+// cpu::pack_weight_image for why), and ModelWeights::projections().
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -61,21 +61,23 @@ std::vector<LinearWeight*> ModelWeights::projections(bool include_mtp) {
 
 std::size_t pack_weights_for_cpu(ModelWeights& w, const io::Checkpoint& ckpt,
                                  const std::function<void(std::size_t, std::size_t)>& progress) {
-  if (cpu::linear_kernel() != cpu::LinearKernel::amx) return 0;
+  const cpu::WeightImage layout = cpu::weight_image_layout(cpu::linear_kernel());
+  if (layout == cpu::WeightImage::none) return 0;
   std::vector<LinearWeight*> todo;
   std::size_t elements = 0;
   for (LinearWeight* p : w.projections())
     if (p->w.dtype == DType::bf16) {
       todo.push_back(p);
-      elements += cpu::amx_tile_image_elements(p->out(), p->in());
+      elements += cpu::weight_image_elements(layout, p->out(), p->in());
     }
   if (todo.empty()) return 0;
   w.packed = AnonymousMemory(elements * sizeof(std::uint16_t));
   auto* base = reinterpret_cast<std::uint16_t*>(w.packed.data());
   std::size_t offset = 0;
   for (LinearWeight* p : todo) {
-    p->amx_tiles = base + offset;
-    offset += cpu::amx_tile_image_elements(p->out(), p->in());
+    p->image = base + offset;
+    p->image_layout = layout;
+    offset += cpu::weight_image_elements(layout, p->out(), p->in());
   }
   // Copying is bound by reading the checkpoint (page faults, or the disk on a cold cache), so a
   // pool of threads, alive only for the load, splits each tensor by blocks of 32 rows.
@@ -84,14 +86,14 @@ std::size_t pack_weights_for_cpu(ModelWeights& w, const io::Checkpoint& ckpt,
   for (LinearWeight* p : todo) total += p->w.nbytes();
   if (progress) progress(0, total);
   for (LinearWeight* p : todo) {
-    auto* image = const_cast<std::uint16_t*>(p->amx_tiles);
+    auto* image = const_cast<std::uint16_t*>(p->image);
     const auto data = reinterpret_cast<std::uintptr_t>(p->w.data);
     const std::int64_t out = p->out(), row_bytes = p->in() * 2;
     // Each range's source pages are let go as soon as it is packed, so the peak is the packed
     // copy plus a few ranges, not plus the largest tensor (a 248k-row lm_head is 0.5 GB at 0.8B).
     // The embedding lookup (a tied lm_head) re-faults the few rows it reads from the page cache.
     pool.parallel_for((out + 31) / 32, 64, [&](std::int64_t b0, std::int64_t b1, int) {
-      cpu::pack_amx_tile_image(p->w, b0 * 32, b1 * 32, image);
+      cpu::pack_weight_image(layout, p->w, b0 * 32, std::min(out, b1 * 32), image);
       const std::int64_t r0 = b0 * 32, r1 = std::min(out, b1 * 32);
       release_mapped_pages(data + static_cast<std::uintptr_t>(r0 * row_bytes), data + static_cast<std::uintptr_t>(r1 * row_bytes), ckpt);
     });

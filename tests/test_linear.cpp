@@ -107,36 +107,54 @@ TEST_CASE("every kernel: accurate, batch-invariant, fused = separate", "[linear]
   WARN(fmt::format("kernel in use: {}", cpu::linear_kernel_name()));
 }
 
-TEST_CASE("AMX tile image: bit-identical to the weights read in place", "[linear]") {
-  if (cpu::linear_kernel() != cpu::LinearKernel::amx) {
-    WARN("SKIPPED: this CPU has no AMX (or GDN_CPU_KERNEL lowered the kernel); the tile image is AMX-only");
-    return;
-  }
+TEST_CASE("weight images: bit-identical to the weights read in place", "[linear]") {
   std::mt19937 rng(11);
   ThreadPool pool(2);
   cpu::LinearWorkspace ws;
-  // Row counts around the 16- and 32-row blocks of the image, k tails, and a prefill-sized
-  // ranges (> 32 activation rows switch to ranges of up to 1024 weight rows).
-  const std::int64_t shapes[][2] = {{37, 100}, {16, 64}, {48, 1024}, {129, 48}, {5, 7}, {1100, 96}};
-  for (const auto& sh : shapes) {
-    const std::int64_t out = sh[0], in = sh[1];
-    Matrix W(out, in, DType::bf16, rng);
-    std::vector<std::uint16_t> image(cpu::amx_tile_image_elements(out, in), 0xFFFF);  // padding must be written
-    // Packed in two pieces, as the loader's threads do.
-    const std::int64_t split = std::min<std::int64_t>(out, 32);
-    cpu::pack_amx_tile_image(W.view, 0, split, image.data());
-    if (split < out) cpu::pack_amx_tile_image(W.view, split, out, image.data());
-    for (const std::int64_t R : {std::int64_t{1}, std::int64_t{3}, std::int64_t{40}}) {
-      std::vector<float> x(static_cast<std::size_t>(R * in));
-      std::normal_distribution<float> d(0.0f, 1.0f);
-      for (auto& v : x) v = d(rng);
-      std::vector<float> in_place(static_cast<std::size_t>(R * out)), packed(in_place.size());
-      const cpu::LinearPart a{&W.view, in_place.data(), out};
-      const cpu::LinearPart b{&W.view, packed.data(), out, image.data()};
-      cpu::linear_multi(pool, ws, std::span(&a, 1), x.data(), in, R);
-      cpu::linear_multi(pool, ws, std::span(&b, 1), x.data(), in, R);
-      INFO(fmt::format("out {} in {} rows {}", out, in, R));
-      CHECK(std::memcmp(in_place.data(), packed.data(), packed.size() * sizeof(float)) == 0);
+  // Row counts around the 16- and 32-row blocks of the images, k tails (odd, not a multiple of
+  // 32), rows around the AVX-512 kernel's groups of 6, k beyond its 256-column in-place chunks,
+  // and prefill-sized calls (> 32 activation rows switch the AMX kernel to ranges of up to 1024
+  // weight rows).
+  const std::int64_t shapes[][2] = {{37, 100}, {16, 64}, {48, 1024}, {129, 48}, {5, 7}, {1100, 96}, {70, 301}};
+  int tested = 0;
+  for (int ki = 0; ki < 5; ++ki) {
+    const auto k = all_kernels[ki];
+    const auto layout = cpu::weight_image_layout(k);
+    if (k > cpu::linear_kernel() || layout == cpu::WeightImage::none) continue;
+    ++tested;
+    for (const auto& sh : shapes) {
+      const std::int64_t out = sh[0], in = sh[1];
+      Matrix W(out, in, DType::bf16, rng);
+      std::vector<std::uint16_t> image(cpu::weight_image_elements(layout, out, in), 0xFFFF);  // padding must be written
+      // Packed in two pieces, as the loader's threads do.
+      const std::int64_t split = std::min<std::int64_t>(out, 32);
+      cpu::pack_weight_image(layout, W.view, 0, split, image.data());
+      if (split < out) cpu::pack_weight_image(layout, W.view, split, out, image.data());
+      for (const std::int64_t R : {std::int64_t{1}, std::int64_t{3}, std::int64_t{7}, std::int64_t{40}, std::int64_t{101}}) {
+        std::vector<float> x(static_cast<std::size_t>(R * in));
+        std::normal_distribution<float> d(0.0f, 1.0f);
+        for (auto& v : x) v = d(rng);
+        std::vector<float> in_place(static_cast<std::size_t>(R * out)), packed(in_place.size());
+        const cpu::LinearPart a{&W.view, in_place.data(), out};
+        const cpu::LinearPart b{&W.view, packed.data(), out, image.data(), layout};
+        cpu::linear_multi(pool, ws, k, std::span(&a, 1), x.data(), in, R);
+        cpu::linear_multi(pool, ws, k, std::span(&b, 1), x.data(), in, R);
+        INFO(fmt::format("kernel {} out {} in {} rows {}", names[ki], out, in, R));
+        CHECK(std::memcmp(in_place.data(), packed.data(), packed.size() * sizeof(float)) == 0);
+        // And against float64.
+        double worst = 0.0;
+        for (std::int64_t r = 0; r < R; ++r)
+          for (std::int64_t n = 0; n < out; ++n) {
+            double ref = 0.0, mag = 0.0;
+            for (std::int64_t j = 0; j < in; ++j) {
+              ref += W.at(n, j) * x[static_cast<std::size_t>(r * in + j)];
+              mag += std::fabs(W.at(n, j) * x[static_cast<std::size_t>(r * in + j)]);
+            }
+            worst = std::max(worst, std::fabs(packed[static_cast<std::size_t>(r * out + n)] - ref) / (mag + 1e-30));
+          }
+        CHECK(worst < 2e-5);
+      }
     }
   }
+  if (tested == 0) WARN("SKIPPED: this CPU runs no kernel that reads a weight image (AMX or AVX-512)");
 }

@@ -277,7 +277,7 @@ PYBIND11_MODULE(gdn, m) {
           "path"_a, py::kw_only(), "load_mtp"_a = gdn::ModelParams{}.load_mtp,
           "pack_weights"_a = gdn::ModelParams{}.pack_weights,
           "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped. "
-          "pack_weights: on an AMX CPU, copy the projections into the kernel's tile order (faster decode).")
+          "pack_weights: copy the projections into the order the CPU kernel reads them (AMX or AVX-512; faster decode).")
       .def_property_readonly(
           "config", [](const ModelHandle& pm) -> const gdn::ModelConfig& { return pm.model->config(); },
           py::return_value_policy::reference_internal)

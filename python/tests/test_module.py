@@ -62,8 +62,8 @@ def test_model_and_config():
 
 
 def test_packed_and_in_place_weights_give_identical_logits():
-    # pack_weights (the default) copies the projections into the AMX kernel's tile order on CPUs
-    # that have AMX; in place they are read from the mapping. Bit-identical either way.
+    # pack_weights (the default) copies the projections into the order the CPU kernel reads them
+    # (AMX or AVX-512); in place they are read from the mapping. Bit-identical either way.
     tokens = reference("qwen35_cond_mtp")["prompt5.tokens"]
     got = [prefill(small_context(gdn.Model.load(model_dir("qwen35_cond_mtp"), pack_weights=p)), tokens) for p in (True, False)]
     assert np.array_equal(got[0], got[1])

@@ -493,7 +493,7 @@ int usage() {
       "                 [--peer-args 'ARGS'] [--rounds N] [--in-place]\n"
       "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512\n"
       "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
-      "  --in-place     read the weights from the mapped checkpoint (no packing into the AMX tile order)\n"
+      "  --in-place     read the weights from the mapped checkpoint (no packing into the kernel's order)\n"
       "  --rounds N     with a peer: N head-to-head rounds of batch-1 prefill + decode, ours and the peer\n"
       "                 alternating, each bracketed by a bandwidth measurement (default 3)\n",
       stderr);
@@ -570,7 +570,7 @@ int bench(int argc, char** argv) {
   out["kernel"] = cpu::linear_kernel_name();
   fmt::print("gdn bench: {} ({} layers, hidden {}, vocab {}), {} threads, kernel {}, weights {}\n", dir, cfg.num_layers,
              cfg.hidden_size, cfg.vocab_size, threads, cpu::linear_kernel_name(),
-             model->packed_bytes() > 0 ? fmt::format("packed in tile order ({:.0f} MB)", model->packed_bytes() / 1e6)
+             model->packed_bytes() > 0 ? fmt::format("packed in the kernel's order ({:.0f} MB)", model->packed_bytes() / 1e6)
                                        : std::string("read in place"));
 
   // 1. Bandwidth and roofline.

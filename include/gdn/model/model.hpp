@@ -18,8 +18,8 @@ enum class Backend : int { cpu = 0, cuda = 1 };
 
 struct ModelParams {
   bool load_mtp = true;  // bind the mtp.* head when the checkpoint has one
-  // When this process's projection kernel is AMX: copy the bf16 projections into the kernel's tile
-  // order at load (pack_weights_for_cpu), so decode streams weights sequentially. Costs the
+  // When this process's projection kernel reads an image (AMX, AVX-512): copy the bf16 projections
+  // into the kernel's order at load (pack_weights_for_cpu), so decode streams weights sequentially. Costs the
   // weights' size in anonymous memory (the checkpoint's pages of them are let go) and one pass
   // over the file at load. Off: weights are read in place from the mapping.
   bool pack_weights = true;
@@ -40,7 +40,7 @@ class Model {
   const ModelConfig& config() const noexcept { return config_; }
   const ModelWeights& weights() const noexcept { return weights_; }
   bool has_mtp() const noexcept { return weights_.mtp.has_value(); }
-  // Bytes of projection weights packed into the AMX tile order at load (0: used in place).
+  // Bytes of projection weights packed into the kernel's order at load (0: used in place).
   std::size_t packed_bytes() const noexcept { return weights_.packed.size(); }
   const std::string& dir() const noexcept { return dir_; }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gdn/backend/cpu/linear.hpp"
 #include "gdn/core/anonymous_memory.hpp"
 #include "gdn/core/tensor.hpp"
 #include "gdn/model/config.hpp"
@@ -22,9 +23,10 @@ namespace io { class Checkpoint; }
 // A projection y = W·x with W stored [out, in].
 struct LinearWeight {
   TensorView w;
-  // The same values in the AMX kernel's tile order (see cpu::pack_amx_tile_image), when the model
-  // packed them at load; owned by ModelWeights::packed.
-  const std::uint16_t* amx_tiles = nullptr;
+  // The same values in the order this process's projection kernel reads them (see
+  // cpu::pack_weight_image), when the model packed them at load; owned by ModelWeights::packed.
+  const std::uint16_t* image = nullptr;
+  cpu::WeightImage image_layout = cpu::WeightImage::none;
   std::int64_t out() const noexcept { return w.dim(0); }
   std::int64_t in() const noexcept { return w.dim(1); }
 };
@@ -77,7 +79,7 @@ struct ModelWeights {
   std::string prefix;  // e.g. "model.language_model."
   // Copies of tensors whose data was not aligned to their element size in the file.
   std::vector<std::unique_ptr<std::byte[]>> realigned;
-  // Tile images of the projections (pack_weights_for_cpu).
+  // Images of the projections (pack_weights_for_cpu).
   AnonymousMemory packed;
 
   // Every projection the model runs (the MTP head's too unless include_mtp is false).
@@ -89,11 +91,11 @@ struct ModelWeights {
 // gdn::Error(missing_tensor | tensor_mismatch) naming the tensor. load_mtp=false skips mtp.*.
 ModelWeights bind_weights(const io::Checkpoint& ckpt, const ModelConfig& cfg, bool load_mtp);
 
-// When this process's projection kernel is AMX, copies every bf16 projection into its tile image
-// (one anonymous, huge-page-backed block the size of the weights) so decode streams the weights
-// sequentially; then lets go of the checkpoint's pages of those tensors (they stay in the page
-// cache, where the embedding lookup and anything else reading the views finds them). Returns the
-// bytes packed (0 when the kernel is not AMX).
+// When this process's projection kernel reads bf16 weights from an image (amx, avx512), copies every
+// bf16 projection into it (one anonymous, huge-page-backed block the size of the weights) so decode
+// streams the weights sequentially; then lets go of the checkpoint's pages of those tensors (they
+// stay in the page cache, where the embedding lookup and anything else reading the views finds
+// them). Returns the bytes packed (0 when the kernel reads weights in place).
 std::size_t pack_weights_for_cpu(ModelWeights& w, const io::Checkpoint& ckpt,
                                  const std::function<void(std::size_t, std::size_t)>& progress = {});
 

@@ -36,7 +36,7 @@ struct Exec {
 
   void linear(const LinearWeight& w, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
               std::int64_t ldy) {
-    const LinearPart part{&w.w, y, ldy, w.amx_tiles};
+    const LinearPart part{&w.w, y, ldy, w.image, w.image_layout};
     cpu::linear_multi(pool, threads[0].linear, std::span(&part, 1), x, ldx, rows);
   }
 
@@ -50,7 +50,7 @@ struct Exec {
     LinearPart parts[8];
     std::size_t n = 0;
     for (const auto& o : outs)
-      if (!o.w.w.empty()) parts[n++] = LinearPart{&o.w.w, o.y, o.ldy, o.w.amx_tiles};
+      if (!o.w.w.empty()) parts[n++] = LinearPart{&o.w.w, o.y, o.ldy, o.w.image, o.w.image_layout};
     cpu::linear_multi(pool, threads[0].linear, std::span<const LinearPart>(parts, n), x, ldx, rows);
   }
 };

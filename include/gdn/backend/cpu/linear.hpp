@@ -4,19 +4,25 @@
 //
 // The kernel is chosen once per process from the CPU's features (never from the number of rows):
 //   amx         bf16 weights on AMX tiles (Sapphire Rapids and later)
-//   avx512bf16  bf16 weights with vdpbf16ps
-//   avx512      weights widened to float in registers, fp32 FMA (also f16 / f32 weights)
+//   avx512bf16  the avx512 kernel (a level of its own so GDN_CPU_KERNEL can name it)
+//   avx512      bf16 weights widened to float in registers, fp32 FMA (also f16 / f32 weights)
 //   avx2        the same with 8 lanes
 //   scalar      portable C++
-// The two bf16-dot-product kernels need bf16 activations: each float activation is split exactly
-// into three bf16 parts (hi + mid + lo, 3 × 8 significant bits = float's 24), and each part is
-// multiplied by the weight with exact products and float accumulation, so the result is a float32
-// dot product of the float activations (only the summation order differs from the fp32 kernels).
-// (Two parts, a 2⁻¹⁷ relative error per activation, fail the 2e-3 logits tolerance on the random
-// fixtures.) These are three dot-product instructions per weight block, which only prefill feels;
-// decode is bound by streaming the weights. Weights that are not bf16
-// take the avx512 / avx2 / scalar path. GDN_CPU_KERNEL=amx|avx512bf16|avx512|avx2|scalar picks a
-// lower kernel (for tests and comparisons).
+// Every kernel computes a float32 dot product of the float activations with the weights (only the
+// summation order differs between kernels). The AMX kernel needs bf16 activations: each float
+// activation is split exactly into three bf16 parts (hi + mid + lo, 3 × 8 significant bits =
+// float's 24) whose products with the weight are exact. (Two parts, a 2⁻¹⁷ relative error per
+// activation, fail the 2e-3 logits tolerance on the random fixtures.) The AVX-512 kernel widens
+// the bf16 weights instead and uses FMA, which does more multiply-adds per cycle than three
+// vdpbf16ps would (src/cpu_gemm_panel.cpp). Weights that are not bf16 take the avx512 / avx2 /
+// scalar float path. GDN_CPU_KERNEL=amx|avx512bf16|avx512|avx2|scalar picks a lower kernel (for
+// tests and comparisons).
+//
+// Weight images. Read in place, a block of weight rows is many strided streams; the amx and avx512
+// kernels read bf16 weights faster from an image of them in the order the kernel consumes them
+// (pack_weight_image), which a model makes once at load. Images hold the same values and zero
+// padding the kernels substitute when reading in place, and each kernel runs the same arithmetic
+// either way, so results are bit-identical with and without an image.
 //
 // Batch invariance: in every kernel, an output element is the same sequence of operations
 // whatever the number of rows in the call and whichever other rows share it (activation rows
@@ -60,26 +66,29 @@ class LinearWorkspace {
   std::uint64_t calls_ = 0;
 };
 
+// The order a kernel wants bf16 weights in (none: it reads them in place).
+//   amx_tiles  16 rows × 32 columns per 1 KiB tile, the two tiles of each block of 32 rows
+//              alternating along k (src/cpu_gemm.cpp)
+//   panels     blocks of 32 rows, 128 bytes per pair of columns (src/cpu_gemm_panel.cpp)
+// Either way a block of 32 rows is one sequential stream.
+enum class WeightImage { none, amx_tiles, panels };
+WeightImage weight_image_layout(LinearKernel kernel) noexcept;
+
 // One projection of a fused call: y (rows of `ldy` floats) = x · wᵀ.
 struct LinearPart {
   const TensorView* w;
   float* y;
   std::int64_t ldy;
-  const std::uint16_t* amx_tiles = nullptr;  // w's AMX tile image, if the model packed one
+  const std::uint16_t* image = nullptr;  // w in `image_layout` order, if the model packed it
+  WeightImage image_layout = WeightImage::none;
 };
 
-// The AMX tile image of a bf16 weight [out, in]: the same values in the order the AMX kernel reads
-// them. Read in place, a 16-row × 32-column tile is 16 cache lines 2·in bytes apart, so a thread
-// sweeping a block of rows keeps 16–32 strided streams open and decode pulls weights well below the
-// machine's read bandwidth. In the image every tile is 1 KiB of contiguous memory, and the tiles of
-// each block of 32 rows follow one another step by step along k, so decode reads one sequential
-// stream per thread. Padding (rows past `out`, columns past `in`) is zero, which is what the
-// in-place kernel substitutes, so results are bit-identical with and without the image.
-std::size_t amx_tile_image_elements(std::int64_t out, std::int64_t in) noexcept;
-// Writes W's image (amx_tile_image_elements(W.dim(0), W.dim(1)) uint16 values) to `image`, rows
-// [row0, row1) of blocks of 32 rows only (so several threads can share one tensor); row0 and row1
-// must be multiples of 32, or row1 == W.dim(0).
-void pack_amx_tile_image(const TensorView& W, std::int64_t row0, std::int64_t row1, std::uint16_t* image);
+// uint16 elements of a bf16 weight [out, in]'s image in `layout` (0 for none).
+std::size_t weight_image_elements(WeightImage layout, std::int64_t out, std::int64_t in) noexcept;
+// Writes the rows [row0, row1) of W's image (whole blocks of 32 rows, so several threads can share
+// one tensor: row0 and row1 multiples of 32, or row1 == W.dim(0)), padding included.
+void pack_weight_image(WeightImage layout, const TensorView& W, std::int64_t row0, std::int64_t row1,
+                       std::uint16_t* image);
 
 // Rows of x are `ldx` floats apart, rows of y `ldy`. W must be rank 2 with W.dim(1) == in.
 void linear(ThreadPool& pool, LinearWorkspace& ws, const TensorView& W, const float* x, std::int64_t ldx,
