@@ -119,6 +119,15 @@ typedef enum gdn_state_dtype {
     GDN_STATE_DTYPE_BF16 = 2
 } gdn_state_dtype;
 
+/* The precision activations enter the projections at (values equal gdn::MatmulInput). FLOAT32 (default):
+   exact float32 dot products. BF16: each activation rounded to bf16 first, as transformers runs a bf16
+   checkpoint in bfloat16; on AVX-512-BF16 CPUs without AMX prefill and batched decode then run on vdpbf16ps
+   at twice the multiply-adds per cycle. Everything else stays float32. */
+typedef enum gdn_matmul_input {
+    GDN_MATMUL_INPUT_FLOAT32 = 0,
+    GDN_MATMUL_INPUT_BF16 = 1
+} gdn_matmul_input;
+
 /* Values equal gdn::Backend. */
 typedef enum gdn_backend {
     GDN_BACKEND_CPU = 0,
@@ -229,6 +238,8 @@ typedef struct gdn_context_params {
     int32_t gdn_chunk_min_tokens;  /* a sequence advancing by at least this many tokens takes chunked GDN (16) */
     int32_t max_rollback_tokens;   /* > 0: a step of up to this many tokens per sequence can be partly undone (0) */
     gdn_backend backend;           /* GDN_BACKEND_CPU */
+    /* Added after 0.1.0 (a caller compiled before it gets the default). */
+    gdn_matmul_input matmul_input; /* GDN_MATMUL_INPUT_FLOAT32 (default) or _BF16: see gdn_matmul_input */
 } gdn_context_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */

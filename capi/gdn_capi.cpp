@@ -49,6 +49,8 @@ GDN_SAME(GDN_STATUS_BACKEND_UNAVAILABLE, gdn::Status::backend_unavailable);
 GDN_SAME(GDN_STATUS_INTERNAL, gdn::Status::internal);
 GDN_SAME(GDN_BACKEND_CPU, gdn::Backend::cpu);
 GDN_SAME(GDN_BACKEND_CUDA, gdn::Backend::cuda);
+GDN_SAME(GDN_MATMUL_INPUT_FLOAT32, gdn::MatmulInput::float32);
+GDN_SAME(GDN_MATMUL_INPUT_BF16, gdn::MatmulInput::bf16);
 GDN_SAME(GDN_LOGITS_NONE, gdn::LogitsFor::none);
 GDN_SAME(GDN_LOGITS_LAST, gdn::LogitsFor::last);
 GDN_SAME(GDN_LOGITS_ALL, gdn::LogitsFor::all);
@@ -62,7 +64,7 @@ static_assert(std::is_same_v<gdn_token, gdn::Token>);
 static_assert(std::is_same_v<gdn_seq_id, gdn::SeqId>);
 static_assert(std::is_same_v<gdn_snapshot_id, gdn::SnapshotId>);
 // Enums inside structs must stay 4 bytes (ctypes and other FFIs declare them as c_int).
-static_assert(sizeof(gdn_status) == 4 && sizeof(gdn_state_dtype) == 4 && sizeof(gdn_backend) == 4 &&
+static_assert(sizeof(gdn_status) == 4 && sizeof(gdn_state_dtype) == 4 && sizeof(gdn_backend) == 4 && sizeof(gdn_matmul_input) == 4 &&
               sizeof(gdn_logits_mode) == 4 && sizeof(gdn_finish_reason) == 4);
 
 // ---------------------------------------------------------------------------------------------
@@ -229,6 +231,7 @@ gdn_context_params default_context_params() {
   p.gdn_chunk_min_tokens = d.gdn_chunk_min_tokens;
   p.max_rollback_tokens = d.max_rollback_tokens;
   p.backend = static_cast<gdn_backend>(d.backend);
+  p.matmul_input = static_cast<gdn_matmul_input>(d.matmul_input);
   return p;
 }
 
@@ -378,6 +381,11 @@ gdn_status gdn_context_create(gdn_model* model, const gdn_context_params* params
       case GDN_BACKEND_CPU: cp.backend = gdn::Backend::cpu; break;
       case GDN_BACKEND_CUDA: cp.backend = gdn::Backend::cuda; break;
       default: invalid("backend " + std::to_string(enum_int(p.backend)) + " is not a gdn_backend");
+    }
+    switch (enum_int(p.matmul_input)) {
+      case GDN_MATMUL_INPUT_FLOAT32: cp.matmul_input = gdn::MatmulInput::float32; break;
+      case GDN_MATMUL_INPUT_BF16: cp.matmul_input = gdn::MatmulInput::bf16; break;
+      default: invalid("matmul_input " + std::to_string(enum_int(p.matmul_input)) + " is not a gdn_matmul_input");
     }
     auto handle = std::make_unique<gdn_context>();
     handle->ctx = std::make_shared<gdn::Context>(model->model, cp);

@@ -32,6 +32,8 @@ Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params)
   if (p.max_rollback_tokens < 0 || p.max_rollback_tokens > p.max_batch_tokens)
     throw Error(Status::invalid_argument, fmt::format("max_rollback_tokens must be in [0, max_batch_tokens = {}], got {}",
                                                       p.max_batch_tokens, p.max_rollback_tokens));
+  if (p.matmul_input != MatmulInput::float32 && p.matmul_input != MatmulInput::bf16)
+    throw Error(Status::invalid_argument, fmt::format("matmul_input must be float32 or bf16, got {}", static_cast<int>(p.matmul_input)));
   const DType sd = p.state_dtype.value_or(c.ssm_state_dtype);
   if (sd != DType::f32 && sd != DType::bf16)
     throw Error(Status::invalid_argument, fmt::format("state_dtype must be F32 or BF16, got {}", dtype_name(sd)));
@@ -80,7 +82,8 @@ Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params)
     t.scores.assign(static_cast<std::size_t>(p.max_context + 1), 0.0f);
   }
   // Packed activations for the widest projection input (the MTP fc reads 2H), so no step allocates.
-  thread_scratch[0].linear.reserve(std::max<std::int64_t>(U, p.max_logits_rows), std::max({2 * H, I, Vd, qd, C}));
+  thread_scratch[0].linear.reserve(std::max<std::int64_t>(U, p.max_logits_rows), std::max({2 * H, I, Vd, qd, C}),
+                                   p.matmul_input);
   ensure_output_rows(p.max_logits_rows > 0 ? p.max_logits_rows : std::max(p.max_sequences, 64));
 }
 

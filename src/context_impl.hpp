@@ -78,7 +78,7 @@ struct Context::Impl {
   void step_mtp(const Batch& batch, std::span<const float> hidden);
   void rollback(SeqId seq, std::int64_t keep);
 
-  cpu::Exec exec() { return cpu::Exec{pool, thread_scratch}; }
+  cpu::Exec exec() { return cpu::Exec{pool, thread_scratch, p.matmul_input}; }
   void norm_rows(const float* in, const std::vector<float>& scale, float* out, std::int64_t rows);
   void add_rows(float* acc, const float* d, std::int64_t rows);
   void rope_angles();

@@ -529,23 +529,48 @@ const char* linear_kernel_name() noexcept {
   }
 }
 
-void LinearWorkspace::reserve(std::int64_t rows, std::int64_t in) {
+void LinearWorkspace::reserve(std::int64_t rows, std::int64_t in, MatmulInput input) {
+  rows = std::max<std::int64_t>(rows, 1);
   const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32);
-  get(packed_activation_elements(std::max<std::int64_t>(rows, 1), kp));
+  // The AMX kernel's tiles, or bf16 pairs (kp ≥ two per pair).
+  get(std::max(packed_activation_elements(rows, kp), static_cast<std::size_t>(rows * kp)));
+  if (input == MatmulInput::bf16) get_floats(static_cast<std::size_t>(rows * in));
 }
 
 void linear_multi(ThreadPool& pool, LinearWorkspace& ws, std::span<const LinearPart> parts, const float* x,
-                  std::int64_t ldx, std::int64_t rows) {
-  linear_multi(pool, ws, linear_kernel(), parts, x, ldx, rows);
+                  std::int64_t ldx, std::int64_t rows, MatmulInput input) {
+  linear_multi(pool, ws, linear_kernel(), parts, x, ldx, rows, input);
 }
 
 void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::span<const LinearPart> parts,
-                  const float* x, std::int64_t ldx, std::int64_t rows) {
+                  const float* x, std::int64_t ldx, std::int64_t rows, MatmulInput input) {
   if (parts.empty() || rows <= 0) return;
   if (k > linear_kernel()) k = linear_kernel();
   const std::int64_t in = parts[0].w->dim(1);
   for (const auto& p : parts)
     if (p.w->dim(1) != in) throw Error(Status::internal, "linear_multi: parts have different input sizes");
+
+  // bf16 inputs: the vdpbf16ps kernel takes them as packed pairs; every other kernel (and a part
+  // whose weights are not bf16) runs its float32 arithmetic on the rounded values.
+  const std::uint32_t* pairs = nullptr;
+  if (input == MatmulInput::bf16) {
+    bool dot = false, rounded = false;
+    for (const auto& p : parts) (panel_part(k, *p.w) && k == LinearKernel::avx512bf16 ? dot : rounded) = true;
+    if (dot) {
+      auto* xp = reinterpret_cast<std::uint32_t*>(ws.get(static_cast<std::size_t>(rows * 2 * detail::bf16_pairs_per_row(in))));
+      pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) { detail::pack_bf16_pairs(x, ldx, r0, r1, in, xp); });
+      pairs = xp;
+    }
+    if (rounded) {
+      float* xr = ws.get_floats(static_cast<std::size_t>(rows * in));
+      pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) {
+        for (std::int64_t r = r0; r < r1; ++r)
+          for (std::int64_t i = 0; i < in; ++i) xr[r * in + i] = to_float(to_bf16(x[r * ldx + i]));
+      });
+      x = xr;
+      ldx = in;
+    }
+  }
 
   bool any_amx = false;
   for (const auto& p : parts) any_amx |= amx_part(k, *p.w);
@@ -560,21 +585,20 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
   }
 
   // Work items: ranges of output rows of each part (which rows share an item never changes a
-  // result). When the activations are swept once per weight (batch ≤ 8 on AMX, ≤ 6 on AVX-512) a
-  // range is a long sequential stream — a quarter of each thread's share, at most 512 rows — which
-  // the prefetchers follow better than many short ones. With more rows every group of activation
-  // rows sweeps the range again, so it is 32 rows, kept in L1/L2 between the sweeps; with many more
-  // (prefill, AMX) as many rows as fit in about 1 MiB of L2, reused by every activation group.
-  const bool one_sweep = k == LinearKernel::amx ? rows <= 2 * group_rows : rows <= detail::panel_tile_rows;
+  // result). The AVX-512 kernel runs every group of activation rows over a block of 32 weight rows
+  // before the next block, so a range is a long sequential stream whatever the number of rows — a
+  // quarter of each thread's share, at most 512 rows — which the prefetchers follow better than
+  // many short ones. So is the AMX kernel's when it sweeps the weights once (batch ≤ 8); with up to
+  // 32 rows every group pair sweeps the range again, so it is 32 rows, kept in L1/L2 between the
+  // sweeps; with more (prefill) as many rows as fit in about 1 MiB of L2, reused by every group.
   std::int64_t range_rows = 64;
-  if ((k == LinearKernel::amx || k == LinearKernel::avx512 || k == LinearKernel::avx512bf16) && one_sweep) {
+  const bool panels = k == LinearKernel::avx512 || k == LinearKernel::avx512bf16;
+  if (panels || (k == LinearKernel::amx && rows <= 2 * group_rows)) {
     std::int64_t total_rows = 0;
     for (const auto& p : parts) total_rows += p.w->dim(0);
     range_rows = std::clamp<std::int64_t>(total_rows / (4 * pool.size()) / 32 * 32, 32, 512);
-  } else if (k == LinearKernel::amx && rows > 32) {
-    range_rows = std::clamp<std::int64_t>((std::int64_t{1} << 20) / (2 * in) / 32 * 32, 32, max_range_rows);
-  } else if (k >= LinearKernel::avx512) {
-    range_rows = 32;
+  } else if (k == LinearKernel::amx) {
+    range_rows = rows <= 32 ? 32 : std::clamp<std::int64_t>((std::int64_t{1} << 20) / (2 * in) / 32 * 32, 32, max_range_rows);
   }
   std::int64_t starts[16];
   std::int64_t total = 0;
@@ -606,7 +630,8 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
         continue;
       }
       if (panel_part(k, W)) {
-        detail::panel_range(W.as<bf16>(), part_image(k, p), in, out, n0, n1, x, ldx, rows, p.y, p.ldy);
+        const detail::PanelInput pin{x, ldx, k == LinearKernel::avx512bf16 ? pairs : nullptr};
+        detail::panel_range(W.as<bf16>(), part_image(k, p), in, out, n0, n1, pin, rows, p.y, p.ldy);
         continue;
       }
 #endif
@@ -616,9 +641,9 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
 }
 
 void linear(ThreadPool& pool, LinearWorkspace& ws, const TensorView& W, const float* x, std::int64_t ldx,
-            std::int64_t rows, float* y, std::int64_t ldy) {
+            std::int64_t rows, float* y, std::int64_t ldy, MatmulInput input) {
   const LinearPart part{&W, y, ldy};
-  linear_multi(pool, ws, std::span(&part, 1), x, ldx, rows);
+  linear_multi(pool, ws, std::span(&part, 1), x, ldx, rows, input);
 }
 
 WeightImage weight_image_layout(LinearKernel kernel) noexcept {

@@ -18,20 +18,30 @@
 
 namespace gdn::cpu::detail {
 
-// Output rows per block of a panel image (two 16-row panels; see cpu_gemm_panel.cpp), and the
-// activation rows one pass over a block serves.
+// Output rows per block of a panel image (two 16-row panels; see cpu_gemm_panel.cpp).
 constexpr std::int64_t panel_block_rows = 32;
-constexpr std::int64_t panel_tile_rows = 6;
 
 std::int64_t panel_image_elements(std::int64_t out, std::int64_t in) noexcept;
 // Blocks of 32 rows [row0, row1) of W's panel image (row0, row1 multiples of 32 or row1 == out).
 void pack_panel_image(const bf16* w, std::int64_t out, std::int64_t in, std::int64_t row0, std::int64_t row1,
                       std::uint16_t* image);
 
+// The activations of a panel call: float rows (float32 FMA), or bf16 pairs from pack_bf16_pairs
+// (vdpbf16ps, AVX-512-BF16 only) when `pairs` is set.
+struct PanelInput {
+  const float* x = nullptr;
+  std::int64_t ldx = 0;
+  const std::uint32_t* pairs = nullptr;  // bf16_pairs_per_row(in) per row
+};
+std::int64_t bf16_pairs_per_row(std::int64_t in) noexcept;
+// Rows [r0, r1) of x rounded to bf16 (nearest even) into `xp`, two columns per uint32, zero past `in`.
+void pack_bf16_pairs(const float* x, std::int64_t ldx, std::int64_t r0, std::int64_t r1, std::int64_t in,
+                     std::uint32_t* xp);
+
 // Rows [n0, n1) of y = x · Wᵀ (n0 a multiple of 32) for every activation row, reading W from its
 // panel image when there is one, else in place (each block transposed into a small buffer on the
 // way). Same arithmetic either way. AVX-512 only.
 void panel_range(const bf16* w, const std::uint16_t* image, std::int64_t in, std::int64_t out, std::int64_t n0,
-                 std::int64_t n1, const float* x, std::int64_t ldx, std::int64_t rows, float* y, std::int64_t ldy);
+                 std::int64_t n1, const PanelInput& x, std::int64_t rows, float* y, std::int64_t ldy);
 
 }  // namespace gdn::cpu::detail

@@ -175,6 +175,41 @@ TEST_CASE("weights packed for the CPU kernel or used in place: bit-identical log
   if (!images) WARN("this CPU's kernel reads weights in place (no AMX, no AVX-512): both loads used the weights in place");
 }
 
+TEST_CASE("matmul_input through C: bf16 equals the C++ context bit for bit; an older struct gets float32", "[capi][fixtures]") {
+  CModel cm("qwen35_cond_mtp");
+  test::Reference ref("qwen35_cond_mtp");
+  const auto tokens = ref.tokens("prompt4.tokens");
+  gdn_model_config cfg;
+  cfg.size = sizeof cfg;
+  REQUIRE(gdn_model_get_config(cm.m, &cfg) == GDN_STATUS_OK);
+  CHECK(gdn_context_default_params().matmul_input == GDN_MATMUL_INPUT_FLOAT32);
+  const auto c_logits = [&](gdn_context_params p) {
+    CContext cc(cm.m, p);
+    return c_prefill(cc.c, tokens, cfg.vocab_size);
+  };
+  gdn_context_params bf = small_c_params();
+  bf.matmul_input = GDN_MATMUL_INPUT_BF16;
+  gdn_context_params older = small_c_params();
+  older.matmul_input = GDN_MATMUL_INPUT_BF16;  // past the older caller's size: never read
+  older.size = static_cast<std::uint32_t>(offsetof(gdn_context_params, matmul_input));
+  const auto c_bf16 = c_logits(bf), c_old = c_logits(older), c_f32 = c_logits(small_c_params());
+  ContextParams cpp = small_cpp_params();
+  cpp.matmul_input = MatmulInput::bf16;
+  Context ctx(Model::load(test::fixture_model("qwen35_cond_mtp")), cpp);
+  const auto cpp_bf16 = test::prefill_logits(ctx, tokens);
+  const std::size_t last = c_bf16.size() - static_cast<std::size_t>(cfg.vocab_size);
+  REQUIRE(cpp_bf16.size() == c_bf16.size());
+  CHECK(std::memcmp(c_bf16.data(), cpp_bf16.data(), c_bf16.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(c_old.data(), c_f32.data(), c_f32.size() * sizeof(float)) == 0);
+  CHECK(test::max_abs_diff(c_bf16.data() + last, c_f32.data() + last, static_cast<std::size_t>(cfg.vocab_size)) > 0.0f);
+  gdn_context_params bad = small_c_params();
+  bad.matmul_input = static_cast<gdn_matmul_input>(7);
+  gdn_context* c = nullptr;
+  CHECK(gdn_context_create(cm.m, &bad, &c) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK(c == nullptr);
+  CHECK_THAT(last_error(), Catch::Contains("matmul_input 7"));
+}
+
 TEST_CASE("an output pointer used past a step that grows the output buffer reads stale data, not freed memory", "[capi]") {
   // The contract is "valid until the next step"; a host (or a numpy view) that breaks it must not
   // read freed memory. Under ASan this fails if the outgrown buffer is freed.

@@ -199,6 +199,12 @@ PYBIND11_MODULE(gdn, m) {
       .value("f32", gdn::DType::f32)
       .value("f16", gdn::DType::f16)
       .value("bf16", gdn::DType::bf16);
+  py::enum_<gdn::MatmulInput>(m, "MatmulInput",
+                              "The precision activations enter the projections at: float32 (exact, default) or bf16 "
+                              "(rounded first, as transformers runs a bf16 checkpoint; faster prefill and batched decode "
+                              "on AVX-512-BF16 CPUs).")
+      .value("float32", gdn::MatmulInput::float32)
+      .value("bf16", gdn::MatmulInput::bf16);
   py::enum_<gdn::LogitsFor>(m, "LogitsFor", "Which positions of a batch entry get logits.")
       .value("none", gdn::LogitsFor::none)
       .value("last", gdn::LogitsFor::last)
@@ -349,7 +355,8 @@ PYBIND11_MODULE(gdn, m) {
                         "Use a context from one thread at a time.")
       .def(py::init([](const ModelHandle& pm, int max_sequences, int max_context, int kv_page_size, std::int64_t kv_pages,
                        int max_batch_tokens, int max_logits_rows, std::optional<gdn::DType> state_dtype, int threads,
-                       int gdn_chunk_min_tokens, int max_rollback_tokens, gdn::Backend backend) {
+                       int gdn_chunk_min_tokens, int max_rollback_tokens, gdn::Backend backend,
+                       gdn::MatmulInput matmul_input) {
              gdn::ContextParams p;
              p.max_sequences = max_sequences;
              p.max_context = max_context;
@@ -362,13 +369,14 @@ PYBIND11_MODULE(gdn, m) {
              p.gdn_chunk_min_tokens = gdn_chunk_min_tokens;
              p.max_rollback_tokens = max_rollback_tokens;
              p.backend = backend;
+             p.matmul_input = matmul_input;
              return std::make_unique<ContextHandle>(pm.model, p);
            }),
            "model"_a, py::kw_only(), "max_sequences"_a = d.max_sequences, "max_context"_a = d.max_context,
            "kv_page_size"_a = d.kv_page_size, "kv_pages"_a = d.kv_pages, "max_batch_tokens"_a = d.max_batch_tokens,
            "max_logits_rows"_a = d.max_logits_rows, "state_dtype"_a = py::none(), "threads"_a = d.threads,
            "gdn_chunk_min_tokens"_a = d.gdn_chunk_min_tokens, "max_rollback_tokens"_a = d.max_rollback_tokens,
-           "backend"_a = d.backend)
+           "backend"_a = d.backend, "matmul_input"_a = d.matmul_input)
       .def_property_readonly("model", [](const ContextHandle& c) { return ModelHandle{c.model}; })
       // sequences
       .def("create_sequence", [](ContextHandle& c) { return c.ctx.create_sequence(); })

@@ -69,6 +69,22 @@ def test_packed_and_in_place_weights_give_identical_logits():
     assert np.array_equal(got[0], got[1])
 
 
+def test_bf16_matmul_inputs_stay_near_the_float32_reference():
+    # matmul_input=bf16 rounds the activations entering each projection (tests/test_model_fixtures.cpp
+    # holds it to transformers' own bf16 run); here: the option reaches the engine and behaves.
+    ref = reference("qwen35_cond_mtp")
+    tokens = ref["prompt5.tokens"]
+    m = gdn.Model.load(model_dir("qwen35_cond_mtp"))
+    exact = prefill(small_context(m), tokens)
+    rounded = prefill(small_context(m, matmul_input=gdn.MatmulInput.bf16), tokens)
+    assert np.abs(exact - ref["prompt5.logits"].reshape(exact.shape)).max() <= 2e-3
+    rms = float(np.sqrt(np.mean((rounded - ref["prompt5.logits"].reshape(exact.shape)) ** 2)))
+    assert 0.0 < rms <= 0.15
+    assert np.array_equal(rounded, prefill(small_context(m, matmul_input=gdn.MatmulInput.bf16), tokens))
+    with pytest.raises(TypeError):
+        small_context(m, matmul_input="bf16")
+
+
 def test_logits_are_read_only_views_that_keep_the_context_alive():
     m = gdn.Model.load(model_dir("qwen35_tied"))
     ctx = small_context(m)

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "gdn/core/dtype.hpp"
+#include "gdn/core/matmul_input.hpp"
 #include "gdn/model/model.hpp"
 #include "gdn/runtime/batch.hpp"
 
@@ -33,6 +34,9 @@ struct ContextParams {
   int max_logits_rows = 0;       // 0: max(max_sequences, 64); grows (allocates) only when exceeded, keeping
                                  // the outgrown buffer so late readers see stale values, not freed memory
   std::optional<DType> state_dtype;  // recurrent state dtype; default: the config's mamba_ssm_dtype (float32)
+  MatmulInput matmul_input = MatmulInput::float32;  // activations into the projections: exact float32, or
+                                                    // rounded to bf16 (faster prefill / batched decode; see
+                                                    // gdn/core/matmul_input.hpp)
   int threads = 0;               // 0: one per hardware thread
   int gdn_chunk_min_tokens = 16; // a sequence advancing by at least this many tokens takes chunked GDN
   int max_rollback_tokens = 0;   // > 0: a step of up to this many tokens per sequence can be partly

@@ -33,11 +33,12 @@ struct ThreadScratch {
 struct Exec {
   ThreadPool& pool;
   std::span<ThreadScratch> threads;
+  MatmulInput matmul_input = MatmulInput::float32;
 
   void linear(const LinearWeight& w, const float* x, std::int64_t ldx, std::int64_t rows, float* y,
               std::int64_t ldy) {
     const LinearPart part{&w.w, y, ldy, w.image, w.image_layout};
-    cpu::linear_multi(pool, threads[0].linear, std::span(&part, 1), x, ldx, rows);
+    cpu::linear_multi(pool, threads[0].linear, std::span(&part, 1), x, ldx, rows, matmul_input);
   }
 
   // Projections of the same input in one pass over their weights (see linear_multi).
@@ -51,7 +52,7 @@ struct Exec {
     std::size_t n = 0;
     for (const auto& o : outs)
       if (!o.w.w.empty()) parts[n++] = LinearPart{&o.w.w, o.y, o.ldy, o.w.image, o.w.image_layout};
-    cpu::linear_multi(pool, threads[0].linear, std::span<const LinearPart>(parts, n), x, ldx, rows);
+    cpu::linear_multi(pool, threads[0].linear, std::span<const LinearPart>(parts, n), x, ldx, rows, matmul_input);
   }
 };
 

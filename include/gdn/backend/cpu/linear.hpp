@@ -37,6 +37,7 @@
 #include <span>
 #include <vector>
 
+#include "gdn/core/matmul_input.hpp"
 #include "gdn/core/tensor.hpp"
 #include "gdn/core/thread_pool.hpp"
 
@@ -48,14 +49,18 @@ enum class LinearKernel { scalar, avx2, avx512, avx512bf16, amx };
 LinearKernel linear_kernel() noexcept;
 const char* linear_kernel_name() noexcept;
 
-// Packed activations for the bf16 kernels. reserve() once with the largest call a context makes;
-// then no call allocates.
+// Packed or rounded activations (the AMX kernel's tiles, bf16 inputs). reserve() once with the
+// largest call a context makes; then no call allocates.
 class LinearWorkspace {
  public:
-  void reserve(std::int64_t rows, std::int64_t in);
+  void reserve(std::int64_t rows, std::int64_t in, MatmulInput input = MatmulInput::float32);
   std::uint16_t* get(std::size_t elements) {
     if (buf_.size() < elements) buf_.resize(elements);
     return buf_.data();
+  }
+  float* get_floats(std::size_t elements) {
+    if (floats_.size() < elements) floats_.resize(elements);
+    return floats_.data();
   }
   // Numbers the calls made with this workspace (the AMX kernel reloads its tile configuration once
   // per call and thread, not once per block of rows).
@@ -63,6 +68,7 @@ class LinearWorkspace {
 
  private:
   std::vector<std::uint16_t> buf_;
+  std::vector<float> floats_;
   std::uint64_t calls_ = 0;
 };
 
@@ -92,18 +98,18 @@ void pack_weight_image(WeightImage layout, const TensorView& W, std::int64_t row
 
 // Rows of x are `ldx` floats apart, rows of y `ldy`. W must be rank 2 with W.dim(1) == in.
 void linear(ThreadPool& pool, LinearWorkspace& ws, const TensorView& W, const float* x, std::int64_t ldx,
-            std::int64_t rows, float* y, std::int64_t ldy);
+            std::int64_t rows, float* y, std::int64_t ldy, MatmulInput input = MatmulInput::float32);
 
 // Several projections of the same input in one pass: the input is packed once and all weights are
 // split across the threads together, so small projections (β, decay) ride along with large ones.
 // Results are bit-identical to separate linear() calls.
 void linear_multi(ThreadPool& pool, LinearWorkspace& ws, std::span<const LinearPart> parts, const float* x,
-                  std::int64_t ldx, std::int64_t rows);
+                  std::int64_t ldx, std::int64_t rows, MatmulInput input = MatmulInput::float32);
 
 // The same with a given kernel (lowered to linear_kernel() if the CPU lacks it): for tests and
 // comparisons of the kernels in one process.
 void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel kernel, std::span<const LinearPart> parts,
-                  const float* x, std::int64_t ldx, std::int64_t rows);
+                  const float* x, std::int64_t ldx, std::int64_t rows, MatmulInput input = MatmulInput::float32);
 
 // Reads row `row` of a [n, dim] table (an embedding) as float.
 void gather_row(const TensorView& table, std::int64_t row, float* out);
