@@ -15,33 +15,44 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main():
     r = json.load(open(sys.argv[1]))
     peer = r.get("llama_cpp") if isinstance(r.get("llama_cpp"), dict) and "decode" in r.get("llama_cpp", {}) else None
+    bf = r.get("bf16_inputs")
     fig, ax = plt.subplots(1, 4, figsize=(17, 4.2))
-    ours, theirs, roof = "#1f77b4", "#ff7f0e", "#7f7f7f"
+    ours, ours_bf, theirs, roof = "#1f77b4", "#2ca02c", "#ff7f0e", "#7f7f7f"
 
     h2h = r.get("head_to_head")
     if h2h:
         # Head to head: each round's roofline, ours and llama.cpp, measured back to back.
         rounds = h2h["rounds"]
         x = list(range(len(rounds)))
-        w = 0.27
-        for k, (key, label, col) in enumerate([("roof", "roofline", roof), ("ours", "libgdn", ours), ("llama_cpp", "llama.cpp", theirs)]):
+        series = [("roof", "roofline", roof), ("ours", "libgdn", ours)]
+        if "ours_bf16_inputs" in rounds[0]:
+            series.append(("ours_bf16_inputs", "libgdn, bf16 inputs", ours_bf))
+        series.append(("llama_cpp", "llama.cpp", theirs))
+        w = 0.8 / len(series)
+        for k, (key, label, col) in enumerate(series):
             vals = [q["roofline_tok_s"] if key == "roof" else q[key]["decode_tok_s"] for q in rounds]
-            ax[0].bar([i + (k - 1) * w for i in x], vals, w, color=col, label=label)
+            ax[0].bar([i + (k - (len(series) - 1) / 2) * w for i in x], vals, w, color=col, label=label)
             for i, v in enumerate(vals):
                 if key != "roof":
-                    ax[0].text(i + (k - 1) * w, v, f"{100 * v / rounds[i]['roofline_tok_s']:.0f}%", ha="center", va="bottom", fontsize=7)
+                    ax[0].text(i + (k - (len(series) - 1) / 2) * w, v, f"{100 * v / rounds[i]['roofline_tok_s']:.0f}%", ha="center",
+                               va="bottom", fontsize=6)
         ax[0].set_xticks(x, [f"round {i + 1}\n{q['bandwidth_gb_s'][0]:.0f}/{q['bandwidth_gb_s'][1]:.0f} GB/s" for i, q in enumerate(rounds)], fontsize=7)
         m = h2h["median"]
         ax[0].set_title(f"decode, batch 1 (tok/s), % of each round's roofline\nmedian: libgdn {100 * m['ours_fraction_of_roofline']:.0f}%, "
                         f"{m['decode_ratio']:.2f}x llama.cpp", fontsize=9)
         ax[0].set_ylim(0, max(q["roofline_tok_s"] for q in rounds) * 1.35)
-        ax[0].legend(fontsize=7, ncol=3, loc="upper center")
-        for k, (key, label, col) in enumerate([("ours", "libgdn", ours), ("llama_cpp", "llama.cpp", theirs)]):
+        ax[0].legend(fontsize=7, ncol=2, loc="upper center")
+        pseries = series[1:]
+        w = 0.8 / len(pseries)
+        for k, (key, label, col) in enumerate(pseries):
             vals = [q[key]["prefill_tok_s"] for q in rounds]
-            ax[1].bar([i + (k - 0.5) * w for i in x], vals, w, color=col, label=label)
+            ax[1].bar([i + (k - (len(pseries) - 1) / 2) * w for i in x], vals, w, color=col, label=label)
         ax[1].set_xticks(x, [f"round {i + 1}" for i in x], fontsize=7)
-        ax[1].set_title(f"prefill, {r['prefill']['tokens']}-token prompt (tok/s)\nmedian {m['prefill_ratio']:.2f}x llama.cpp", fontsize=9)
-        ax[1].set_ylim(0, max(max(q["ours"]["prefill_tok_s"], q["llama_cpp"]["prefill_tok_s"]) for q in rounds) * 1.3)
+        mb = m.get("bf16_inputs")
+        extra = f", bf16 inputs {mb['prefill_ratio']:.2f}x" if mb else ""
+        ax[1].set_title(f"prefill, {r['prefill']['tokens']}-token prompt (tok/s)\nmedian vs llama.cpp: {m['prefill_ratio']:.2f}x{extra}",
+                        fontsize=9)
+        ax[1].set_ylim(0, max(q[key]["prefill_tok_s"] for q in rounds for key, _, _ in pseries) * 1.3)
         ax[1].legend(fontsize=7, ncol=2, loc="upper center")
     else:
         # Decode at batch 1 against the roofline.
@@ -70,6 +81,9 @@ def main():
     if "batch_decode" in r:
         b = [x["batch"] for x in r["batch_decode"]]
         ax[2].plot(b, [x["tok_s"] for x in r["batch_decode"]], "o-", color=ours, label="libgdn")
+        if bf and "batch_decode" in bf:
+            ax[2].plot([x["batch"] for x in bf["batch_decode"]], [x["tok_s"] for x in bf["batch_decode"]], "^-", color=ours_bf,
+                       label="libgdn, bf16 inputs")
         if peer and "batch_decode" in peer:
             ax[2].plot([x["batch"] for x in peer["batch_decode"]], [x["tok_s"] for x in peer["batch_decode"]], "s-",
                        color=theirs, label="llama.cpp")

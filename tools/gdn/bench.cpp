@@ -34,6 +34,7 @@
 #include <fstream>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -392,6 +393,7 @@ struct Options {
   int rounds = 3;
   bool in_place = false;
   bool quick = false;
+  bool bf16_inputs = true;  // also measure MatmulInput::bf16 (batch 1, batch scaling, the rounds)
 };
 
 std::vector<Token> random_tokens(std::size_t n, int vocab, std::uint32_t seed) {
@@ -427,8 +429,10 @@ void prefill(Context& ctx, SeqId s, std::span<const Token> tokens, Batch& batch)
 }
 
 // A context for batch-1 runs: one sequence, room for the prompt and every run's decode steps.
-ContextParams batch1_params(int prompt_tokens, int decode_tokens, int runs, int threads) {
+ContextParams batch1_params(int prompt_tokens, int decode_tokens, int runs, int threads,
+                            MatmulInput input = MatmulInput::float32) {
   ContextParams p;
+  p.matmul_input = input;
   p.max_sequences = 1;
   p.max_context = prompt_tokens + decode_tokens * (runs + 1) + 8;
   p.max_batch_tokens = std::max(prompt_tokens, 1);
@@ -490,12 +494,13 @@ int usage() {
       "usage: gdn bench [--model DIR | --shape 0.8b|2b] [--cache DIR] [--threads N] [--runs N]\n"
       "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
-      "                 [--peer-args 'ARGS'] [--rounds N] [--in-place]\n"
+      "                 [--peer-args 'ARGS'] [--rounds N] [--in-place] [--float32-only]\n"
       "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512\n"
       "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
       "  --in-place     read the weights from the mapped checkpoint (no packing into the kernel's order)\n"
       "  --rounds N     with a peer: N head-to-head rounds of batch-1 prefill + decode, ours and the peer\n"
-      "                 alternating, each bracketed by a bandwidth measurement (default 3)\n",
+      "                 alternating, each bracketed by a bandwidth measurement (default 3)\n"
+      "  --float32-only measure only the default float32 matmul inputs (not also bf16 inputs)\n",
       stderr);
   return 2;
 }
@@ -525,6 +530,7 @@ int bench(int argc, char** argv) {
     else if (a == "--peer-args" && v) o.peer_args = argv[++i];
     else if (a == "--rounds" && v) o.rounds = std::max(0, std::atoi(argv[++i]));
     else if (a == "--in-place") o.in_place = true;
+    else if (a == "--float32-only") o.bf16_inputs = false;
     else if (a == "--quick") o.quick = true;
     else return usage();
   }
@@ -588,9 +594,15 @@ int bench(int argc, char** argv) {
   long allocs = 0;
   long alloc_steps = 0;
 
-  // 2. Batch-1 prefill and decode.
-  {
-    Context ctx(model, batch1_params(P, N, o.runs, o.threads));
+  // 2. Batch-1 prefill and decode, with float32 matmul inputs (the default) and, unless
+  // --float32-only, with bf16 inputs (ContextParams::matmul_input).
+  std::vector<MatmulInput> inputs = {MatmulInput::float32};
+  if (o.bf16_inputs) inputs.push_back(MatmulInput::bf16);
+  const auto input_label = [](MatmulInput mi) { return mi == MatmulInput::bf16 ? " (bf16 inputs)" : ""; };
+  // Where a mode's figures go in the JSON: float32 at the top level, bf16 under "bf16_inputs".
+  const auto section = [&](MatmulInput mi) -> json& { return mi == MatmulInput::bf16 ? out["bf16_inputs"] : out; };
+  for (const MatmulInput mi : inputs) {
+    Context ctx(model, batch1_params(P, N, o.runs, o.threads, mi));
     const SeqId s = ctx.create_sequence();
     Batch batch;
     batch.reserve(4, static_cast<std::size_t>(P));
@@ -598,20 +610,25 @@ int bench(int argc, char** argv) {
     const std::vector<double>& pre = b1.prefill_tok_s;
     const std::vector<double>& dec = b1.decode_tok_s;
     const double d = median(dec), pf = median(pre);
-    out["decode"] = {{"tok_s", d}, {"runs", dec}, {"tokens", N}, {"context", P}, {"fraction_of_roofline", d / roofline}};
-    out["prefill"] = {{"tok_s", pf}, {"runs", pre}, {"tokens", P}};
-    out["peak_rss_bytes_batch1"] = peak_rss_bytes();
-    out["gdn_state_bytes_per_sequence"] = ctx.gdn_state_bytes_per_sequence();
-    out["kv_bytes_per_token"] = ctx.kv_bytes_per_token();
-    fmt::print("prefill {:5d} tokens  {:.1f} tok/s (median of {})\n", P, pf, pre.size());
-    fmt::print("decode batch 1       {:.2f} tok/s (median of {} x {} tokens) = {:.1f}% of roofline\n", d, dec.size(), N,
-               100.0 * d / roofline);
-    fmt::print("state per sequence   {:.2f} MB GDN state + {} bytes KV per token\n",
-               static_cast<double>(ctx.gdn_state_bytes_per_sequence()) / 1e6, ctx.kv_bytes_per_token());
+    json& dst = section(mi);
+    dst["decode"] = {{"tok_s", d}, {"runs", dec}, {"tokens", N}, {"context", P}, {"fraction_of_roofline", d / roofline}};
+    dst["prefill"] = {{"tok_s", pf}, {"runs", pre}, {"tokens", P}};
+    if (mi == MatmulInput::float32) {
+      out["peak_rss_bytes_batch1"] = peak_rss_bytes();
+      out["gdn_state_bytes_per_sequence"] = ctx.gdn_state_bytes_per_sequence();
+      out["kv_bytes_per_token"] = ctx.kv_bytes_per_token();
+    }
+    fmt::print("prefill {:5d} tokens  {:.1f} tok/s (median of {}){}\n", P, pf, pre.size(), input_label(mi));
+    fmt::print("decode batch 1       {:.2f} tok/s (median of {} x {} tokens) = {:.1f}% of roofline{}\n", d, dec.size(), N,
+               100.0 * d / roofline, input_label(mi));
+    if (mi == MatmulInput::float32)
+      fmt::print("state per sequence   {:.2f} MB GDN state + {} bytes KV per token\n",
+                 static_cast<double>(ctx.gdn_state_bytes_per_sequence()) / 1e6, ctx.kv_bytes_per_token());
   }
 
-  // 3. Aggregate decode throughput by batch size (short prompts; context ~64).
-  if (!o.batches.empty()) {
+  // 3. Aggregate decode throughput by batch size (short prompts; context ~64), for each input mode.
+  for (const MatmulInput mi : inputs) {
+    if (o.batches.empty()) break;
     const int maxb = *std::max_element(o.batches.begin(), o.batches.end());
     const int short_prompt = std::min(P, 64);
     ContextParams p;
@@ -619,6 +636,7 @@ int bench(int argc, char** argv) {
     p.max_context = short_prompt + N * (o.runs + 1) + 8;
     p.max_batch_tokens = std::max(short_prompt * 4, maxb);
     p.threads = o.threads;
+    p.matmul_input = mi;
     Context ctx(model, p);
     std::vector<SeqId> seqs;
     Batch batch;
@@ -645,10 +663,10 @@ int bench(int argc, char** argv) {
       const double a = median(agg);
       if (B == 1) base = a;
       rows.push_back({{"batch", B}, {"tok_s", a}, {"runs", agg}});
-      fmt::print("decode batch {:2d}      {:.2f} tok/s aggregate{}\n", B, a,
-                 base > 0 ? fmt::format("  ({:.2f}x batch 1)", a / base) : "");
+      fmt::print("decode batch {:2d}      {:.2f} tok/s aggregate{}{}\n", B, a,
+                 base > 0 ? fmt::format("  ({:.2f}x batch 1)", a / base) : "", input_label(mi));
     }
-    out["batch_decode"] = rows;
+    section(mi)["batch_decode"] = rows;
   }
 
   // 4. Decode cost against context length.
@@ -725,23 +743,32 @@ int bench(int argc, char** argv) {
 
   // 6. Head to head. This machine's read bandwidth drifts by up to 2x within minutes (a shared
   // host), so figures measured minutes apart do not compare. Each round measures the bandwidth,
-  // then ours and the peer back to back (the order alternating between rounds), then the
-  // bandwidth again; a round's roofline is the mean of its two bandwidth figures. The medians of
-  // the per-round ratios are the comparison this tool stands by.
+  // then ours (float32 inputs, then bf16 inputs) and the peer back to back (the order reversed every
+  // other round), then the bandwidth again; a round's roofline is the mean of its two bandwidth
+  // figures. The medians of the per-round ratios are the comparison this tool stands by.
   if (!o.peer_python.empty() && o.rounds > 0) {
     Context ctx(model, batch1_params(P, N, o.runs, o.threads));
+    std::optional<Context> ctx_bf16;
+    if (o.bf16_inputs) ctx_bf16.emplace(model, batch1_params(P, N, o.runs, o.threads, MatmulInput::bf16));
     const SeqId s = ctx.create_sequence();
+    const SeqId s_bf16 = ctx_bf16 ? ctx_bf16->create_sequence() : SeqId{0};
     Batch batch;
     batch.reserve(4, static_cast<std::size_t>(P));
     json rounds = json::array();
-    std::vector<double> r_dec, r_pre, f_ours, f_peer;
+    std::vector<double> r_dec, r_pre, f_ours, f_peer, rb_dec, rb_pre, fb_ours;
     for (int round = 0; round < o.rounds; ++round) {
       const double bw0 = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
-      double od = 0, op = 0, ld = 0, lp = 0;
+      double od = 0, op = 0, bd = 0, bp = 0, ld = 0, lp = 0;
       const auto ours = [&] {
         const Batch1Speeds b1 = run_batch1(ctx, s, prompt, N, o.runs, batch, allocs, alloc_steps);
         od = median(b1.decode_tok_s);
         op = median(b1.prefill_tok_s);
+      };
+      const auto ours_bf16 = [&] {
+        if (!ctx_bf16) return;
+        const Batch1Speeds b1 = run_batch1(*ctx_bf16, s_bf16, prompt, N, o.runs, batch, allocs, alloc_steps);
+        bd = median(b1.decode_tok_s);
+        bp = median(b1.prefill_tok_s);
       };
       bool peer_ok = true;
       const auto theirs = [&] {
@@ -750,29 +777,44 @@ int bench(int argc, char** argv) {
         ld = pj["decode"]["tok_s"].get<double>();
         lp = pj["prefill"]["tok_s"].get<double>();
       };
-      if (round % 2 == 0) { ours(); theirs(); } else { theirs(); ours(); }
+      if (round % 2 == 0) { ours(); ours_bf16(); theirs(); } else { theirs(); ours_bf16(); ours(); }
       if (!peer_ok) break;
       const double bw1 = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
       const double roof = 0.5 * (bw0 + bw1) * 1e9 / static_cast<double>(wbytes);
-      rounds.push_back({{"order", round % 2 == 0 ? "ours first" : "peer first"}, {"bandwidth_gb_s", {bw0, bw1}},
-                        {"roofline_tok_s", roof}, {"ours", {{"decode_tok_s", od}, {"prefill_tok_s", op}}},
-                        {"llama_cpp", {{"decode_tok_s", ld}, {"prefill_tok_s", lp}}}});
+      json rj = {{"order", round % 2 == 0 ? "ours first" : "peer first"}, {"bandwidth_gb_s", {bw0, bw1}},
+                 {"roofline_tok_s", roof}, {"ours", {{"decode_tok_s", od}, {"prefill_tok_s", op}}},
+                 {"llama_cpp", {{"decode_tok_s", ld}, {"prefill_tok_s", lp}}}};
       r_dec.push_back(od / ld);
       r_pre.push_back(op / lp);
       f_ours.push_back(od / roof);
       f_peer.push_back(ld / roof);
+      std::string bf16_text;
+      if (ctx_bf16) {
+        rj["ours_bf16_inputs"] = {{"decode_tok_s", bd}, {"prefill_tok_s", bp}};
+        rb_dec.push_back(bd / ld);
+        rb_pre.push_back(bp / lp);
+        fb_ours.push_back(bd / roof);
+        bf16_text = fmt::format("; bf16 inputs: decode {:.2f} ({:.0f}%) = {:.2f}x, prefill {:.1f} = {:.2f}x", bd, 100 * bd / roof,
+                                bd / ld, bp, bp / lp);
+      }
+      rounds.push_back(rj);
       fmt::print("round {}  bandwidth {:.1f}/{:.1f} GB/s  decode ours {:.2f} ({:.0f}%) vs {:.2f} ({:.0f}%) tok/s = {:.2f}x  "
-                 "prefill {:.1f} vs {:.1f} tok/s = {:.2f}x\n",
-                 round + 1, bw0, bw1, od, 100 * od / roof, ld, 100 * ld / roof, od / ld, op, lp, op / lp);
+                 "prefill {:.1f} vs {:.1f} tok/s = {:.2f}x{}\n",
+                 round + 1, bw0, bw1, od, 100 * od / roof, ld, 100 * ld / roof, od / ld, op, lp, op / lp, bf16_text);
     }
     if (!r_dec.empty()) {
-      out["head_to_head"] = {{"rounds", rounds},
-                             {"median", {{"decode_ratio", median(r_dec)}, {"prefill_ratio", median(r_pre)},
-                                         {"ours_fraction_of_roofline", median(f_ours)},
-                                         {"llama_cpp_fraction_of_roofline", median(f_peer)}}}};
+      json med = {{"decode_ratio", median(r_dec)}, {"prefill_ratio", median(r_pre)},
+                  {"ours_fraction_of_roofline", median(f_ours)}, {"llama_cpp_fraction_of_roofline", median(f_peer)}};
+      if (!rb_dec.empty())
+        med["bf16_inputs"] = {{"decode_ratio", median(rb_dec)}, {"prefill_ratio", median(rb_pre)},
+                              {"ours_fraction_of_roofline", median(fb_ours)}};
+      out["head_to_head"] = {{"rounds", rounds}, {"median", med}};
       fmt::print("head to head, median of {} rounds: decode {:.2f}x llama.cpp, prefill {:.2f}x; batch-1 decode at "
                  "{:.1f}% of the roofline (llama.cpp {:.1f}%)\n",
                  r_dec.size(), median(r_dec), median(r_pre), 100 * median(f_ours), 100 * median(f_peer));
+      if (!rb_dec.empty())
+        fmt::print("  with bf16 matmul inputs: decode {:.2f}x llama.cpp ({:.1f}% of the roofline), prefill {:.2f}x\n",
+                   median(rb_dec), 100 * median(fb_ours), median(rb_pre));
     }
   }
 
