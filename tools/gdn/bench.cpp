@@ -32,6 +32,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <new>
 #include <numeric>
 #include <optional>
@@ -45,6 +46,7 @@
 
 #include "commands.hpp"
 #include "gdn/backend/cpu/linear.hpp"
+#include "gdn/core/anonymous_memory.hpp"
 #include "gdn/gdn.hpp"
 
 #if defined(__x86_64__)
@@ -310,7 +312,10 @@ struct Bandwidth {
 
 Bandwidth measure_bandwidth(ThreadPool& pool, std::int64_t bytes, int runs) {
   const std::int64_t n = bytes / 4 / 1024 * 1024;
-  float* buf = static_cast<float*>(std::aligned_alloc(64, static_cast<std::size_t>(n) * 4));
+  // In 2 MiB pages, as the packed weights are: with 4 KiB pages this VM's sweep reads ~10-20% slower
+  // (TLB misses under nested paging), which would understate the machine's bandwidth.
+  AnonymousMemory mem(static_cast<std::size_t>(n) * 4);
+  float* buf = reinterpret_cast<float*>(mem.data());
   const int T = pool.size();
   const std::int64_t per = n / T / 64 * 64;
   // First touch by the thread that reads each part.
@@ -339,7 +344,6 @@ Bandwidth measure_bandwidth(ThreadPool& pool, std::int64_t bytes, int runs) {
   }
   volatile double sink = std::accumulate(sums.begin(), sums.end(), 0.0);
   (void)sink;
-  std::free(buf);
   return {median(gbs), *std::max_element(gbs.begin(), gbs.end()), per * T * 4};
 }
 
@@ -633,7 +637,7 @@ int bench(int argc, char** argv) {
     const int short_prompt = std::min(P, 64);
     ContextParams p;
     p.max_sequences = maxb;
-    p.max_context = short_prompt + N * (o.runs + 1) + 8;
+    p.max_context = short_prompt + 2 * N * (o.runs + 1) + 8;  // sequence 0 also runs the paired batch-1 steps
     p.max_batch_tokens = std::max(short_prompt * 4, maxb);
     p.threads = o.threads;
     p.matmul_input = mi;
@@ -643,9 +647,11 @@ int bench(int argc, char** argv) {
     batch.reserve(static_cast<std::size_t>(maxb), static_cast<std::size_t>(short_prompt * maxb));
     for (int i = 0; i < maxb; ++i) seqs.push_back(ctx.create_sequence());
     json rows = json::array();
-    double base = 0.0;
+    // Batch-1 speed follows the memory bandwidth, which drifts, while large batches are bound by
+    // compute; so each run of B sequences is paired with a batch-1 run just before it (sequence 0
+    // alone), and the scaling is the median of the per-pair ratios.
     for (const int B : o.batches) {
-      std::vector<double> agg;
+      std::vector<double> agg, scale;
       // Each sequence gets the same short prompt once, then the runs decode on from there.
       for (int i = 0; i < B; ++i) ctx.reset_sequence(seqs[static_cast<std::size_t>(i)]);
       batch.clear();
@@ -653,18 +659,18 @@ int bench(int argc, char** argv) {
         batch.add(seqs[static_cast<std::size_t>(i)], std::span(prompt).first(static_cast<std::size_t>(short_prompt)));
       ctx.step(batch);
       for (int r = 0; r < o.runs + 1; ++r) {
+        const double t1 = B > 1 ? decode_steps(ctx, std::span(seqs).first(1), N, batch, r > 0 ? &allocs : nullptr) : 0.0;
         const double td = decode_steps(ctx, std::span(seqs).first(static_cast<std::size_t>(B)), N, batch,
                                        r > 0 ? &allocs : nullptr);
         if (r > 0) {
           agg.push_back(static_cast<double>(B) * N / td);
-          alloc_steps += N;
+          scale.push_back(B > 1 ? static_cast<double>(B) * t1 / td : 1.0);
+          alloc_steps += B > 1 ? 2 * N : N;
         }
       }
-      const double a = median(agg);
-      if (B == 1) base = a;
-      rows.push_back({{"batch", B}, {"tok_s", a}, {"runs", agg}});
-      fmt::print("decode batch {:2d}      {:.2f} tok/s aggregate{}{}\n", B, a,
-                 base > 0 ? fmt::format("  ({:.2f}x batch 1)", a / base) : "", input_label(mi));
+      const double a = median(agg), x = median(scale);
+      rows.push_back({{"batch", B}, {"tok_s", a}, {"runs", agg}, {"vs_batch1", x}, {"vs_batch1_runs", scale}});
+      fmt::print("decode batch {:2d}      {:.2f} tok/s aggregate  ({:.2f}x batch 1, paired runs){}\n", B, a, x, input_label(mi));
     }
     section(mi)["batch_decode"] = rows;
   }
@@ -743,9 +749,10 @@ int bench(int argc, char** argv) {
 
   // 6. Head to head. This machine's read bandwidth drifts by up to 2x within minutes (a shared
   // host), so figures measured minutes apart do not compare. Each round measures the bandwidth,
-  // then ours (float32 inputs, then bf16 inputs) and the peer back to back (the order reversed every
-  // other round), then the bandwidth again; a round's roofline is the mean of its two bandwidth
-  // figures. The medians of the per-round ratios are the comparison this tool stands by.
+  // then ours (float32 inputs), ours (bf16 inputs) and the peer back to back (the order reversed
+  // every other round), measuring the bandwidth again after each; an engine's roofline is the mean
+  // of the two bandwidth figures around its run. The medians of the per-round ratios are the
+  // comparison this tool stands by.
   if (!o.peer_python.empty() && o.rounds > 0) {
     Context ctx(model, batch1_params(P, N, o.runs, o.threads));
     std::optional<Context> ctx_bf16;
@@ -757,7 +764,6 @@ int bench(int argc, char** argv) {
     json rounds = json::array();
     std::vector<double> r_dec, r_pre, f_ours, f_peer, rb_dec, rb_pre, fb_ours;
     for (int round = 0; round < o.rounds; ++round) {
-      const double bw0 = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
       double od = 0, op = 0, bd = 0, bp = 0, ld = 0, lp = 0;
       const auto ours = [&] {
         const Batch1Speeds b1 = run_batch1(ctx, s, prompt, N, o.runs, batch, allocs, alloc_steps);
@@ -765,7 +771,6 @@ int bench(int argc, char** argv) {
         op = median(b1.prefill_tok_s);
       };
       const auto ours_bf16 = [&] {
-        if (!ctx_bf16) return;
         const Batch1Speeds b1 = run_batch1(*ctx_bf16, s_bf16, prompt, N, o.runs, batch, allocs, alloc_steps);
         bd = median(b1.decode_tok_s);
         bp = median(b1.prefill_tok_s);
@@ -777,30 +782,46 @@ int bench(int argc, char** argv) {
         ld = pj["decode"]["tok_s"].get<double>();
         lp = pj["prefill"]["tok_s"].get<double>();
       };
-      if (round % 2 == 0) { ours(); ours_bf16(); theirs(); } else { theirs(); ours_bf16(); ours(); }
+      // The engines in turn (reversed every other round), each between two bandwidth measurements:
+      // an engine's roofline is the mean of the two around it.
+      std::vector<std::pair<int, std::function<void()>>> order = {{0, ours}, {2, theirs}};
+      if (ctx_bf16) order.insert(order.begin() + 1, {1, ours_bf16});
+      if (round % 2 == 1) std::reverse(order.begin(), order.end());
+      double bw_of[3] = {0, 0, 0};
+      double before = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
+      std::vector<double> bws = {before};
+      for (auto& [who, run] : order) {
+        run();
+        if (!peer_ok) break;
+        const double after = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
+        bw_of[who] = 0.5 * (before + after);
+        bws.push_back(after);
+        before = after;
+      }
       if (!peer_ok) break;
-      const double bw1 = measure_bandwidth_apart(threads, o.stream_bytes, 3).median_gbs;
-      const double roof = 0.5 * (bw0 + bw1) * 1e9 / static_cast<double>(wbytes);
-      json rj = {{"order", round % 2 == 0 ? "ours first" : "peer first"}, {"bandwidth_gb_s", {bw0, bw1}},
-                 {"roofline_tok_s", roof}, {"ours", {{"decode_tok_s", od}, {"prefill_tok_s", op}}},
-                 {"llama_cpp", {{"decode_tok_s", ld}, {"prefill_tok_s", lp}}}};
+      const auto roof_of = [&](int who) { return bw_of[who] * 1e9 / static_cast<double>(wbytes); };
+      const double roof = roof_of(0), roof_peer = roof_of(2);
+      json rj = {{"order", round % 2 == 0 ? "ours first" : "peer first"}, {"bandwidth_gb_s", bws},
+                 {"ours", {{"decode_tok_s", od}, {"prefill_tok_s", op}, {"roofline_tok_s", roof}}},
+                 {"llama_cpp", {{"decode_tok_s", ld}, {"prefill_tok_s", lp}, {"roofline_tok_s", roof_peer}}}};
       r_dec.push_back(od / ld);
       r_pre.push_back(op / lp);
       f_ours.push_back(od / roof);
-      f_peer.push_back(ld / roof);
+      f_peer.push_back(ld / roof_peer);
       std::string bf16_text;
       if (ctx_bf16) {
-        rj["ours_bf16_inputs"] = {{"decode_tok_s", bd}, {"prefill_tok_s", bp}};
+        const double roof_b = roof_of(1);
+        rj["ours_bf16_inputs"] = {{"decode_tok_s", bd}, {"prefill_tok_s", bp}, {"roofline_tok_s", roof_b}};
         rb_dec.push_back(bd / ld);
         rb_pre.push_back(bp / lp);
-        fb_ours.push_back(bd / roof);
-        bf16_text = fmt::format("; bf16 inputs: decode {:.2f} ({:.0f}%) = {:.2f}x, prefill {:.1f} = {:.2f}x", bd, 100 * bd / roof,
+        fb_ours.push_back(bd / roof_b);
+        bf16_text = fmt::format("; bf16 inputs: decode {:.2f} ({:.0f}%) = {:.2f}x, prefill {:.1f} = {:.2f}x", bd, 100 * bd / roof_b,
                                 bd / ld, bp, bp / lp);
       }
       rounds.push_back(rj);
-      fmt::print("round {}  bandwidth {:.1f}/{:.1f} GB/s  decode ours {:.2f} ({:.0f}%) vs {:.2f} ({:.0f}%) tok/s = {:.2f}x  "
+      fmt::print("round {}  bandwidth {:.1f} GB/s  decode ours {:.2f} ({:.0f}%) vs {:.2f} ({:.0f}%) tok/s = {:.2f}x  "
                  "prefill {:.1f} vs {:.1f} tok/s = {:.2f}x{}\n",
-                 round + 1, bw0, bw1, od, 100 * od / roof, ld, 100 * ld / roof, od / ld, op, lp, op / lp, bf16_text);
+                 round + 1, fmt::join(bws, "/"), od, 100 * od / roof, ld, 100 * ld / roof_peer, od / ld, op, lp, op / lp, bf16_text);
     }
     if (!r_dec.empty()) {
       json med = {{"decode_ratio", median(r_dec)}, {"prefill_ratio", median(r_pre)},
