@@ -37,13 +37,15 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace gdn;
 
-TEST_CASE("decode steps allocate nothing, for one sequence and for a batch", "[alloc]") {
-  for (const char* name : {"qwen35_tied", "qwen3next_dense"}) {
+TEST_CASE("decode steps allocate nothing, for one sequence and for a batch, with either matmul input", "[alloc]") {
+  for (const char* name : {"qwen35_tied", "qwen3next_dense"})
+  for (const MatmulInput input : {MatmulInput::float32, MatmulInput::bf16}) {
     auto model = Model::load(test::fixture_model(name));
     ContextParams p;
     p.max_sequences = 4;
     p.max_context = 256;
     p.threads = 2;
+    p.matmul_input = input;
     Context ctx(model, p);
     std::vector<SeqId> seqs;
     Batch batch;
@@ -70,7 +72,8 @@ TEST_CASE("decode steps allocate nothing, for one sequence and for a batch", "[a
       ctx.step(batch);
     }
     counting = false;
-    INFO(name << ": heap allocations during 50 decode steps: " << allocations.load());
+    INFO(name << (input == MatmulInput::bf16 ? " (bf16 inputs)" : "") << ": heap allocations during 50 decode steps: "
+              << allocations.load());
     CHECK(allocations.load() == 0);
   }
 }

@@ -4,7 +4,7 @@
 //
 // The kernel is chosen once per process from the CPU's features (never from the number of rows):
 //   amx         bf16 weights on AMX tiles (Sapphire Rapids and later)
-//   avx512bf16  the avx512 kernel (a level of its own so GDN_CPU_KERNEL can name it)
+//   avx512bf16  the avx512 kernel, plus vdpbf16ps for bf16 matmul inputs (MatmulInput::bf16)
 //   avx512      bf16 weights widened to float in registers, fp32 FMA (also f16 / f32 weights)
 //   avx2        the same with 8 lanes
 //   scalar      portable C++
@@ -17,6 +17,10 @@
 // vdpbf16ps would (src/cpu_gemm_panel.cpp). Weights that are not bf16 take the avx512 / avx2 /
 // scalar float path. GDN_CPU_KERNEL=amx|avx512bf16|avx512|avx2|scalar picks a lower kernel (for
 // tests and comparisons).
+//
+// With MatmulInput::bf16 every kernel computes the exact product of the activations rounded to
+// bf16: the avx512bf16 kernel on vdpbf16ps, every other one by rounding a copy of the activations
+// and running its float32 arithmetic on it.
 //
 // Weight images. Read in place, a block of weight rows is many strided streams; the amx and avx512
 // kernels read bf16 weights faster from an image of them in the order the kernel consumes them
