@@ -630,7 +630,7 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
         continue;
       }
       if (panel_part(k, W)) {
-        const detail::PanelInput pin{x, ldx, k == LinearKernel::avx512bf16 ? pairs : nullptr};
+        const detail::PanelInput pin{x, ldx, pairs};  // pairs: set only for the vdpbf16ps kernel
         detail::panel_range(W.as<bf16>(), part_image(k, p), in, out, n0, n1, pin, rows, p.y, p.ldy);
         continue;
       }
