@@ -1,6 +1,6 @@
 #include <cuda_runtime.h>
 
-#include "gdn_cuda.hpp"
+#include "kernels.hpp"
 
 namespace gdn::cuda {
 

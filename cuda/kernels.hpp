@@ -41,6 +41,11 @@ GDN_CUDA_NAMESPACE_BEGIN
 
 using bf16 = __nv_bfloat16;
 
+// Number of usable CUDA devices (0 when there is no driver or no device), and the runtime's reason
+// when there is none.
+int device_count() noexcept;
+const char* unavailable_reason() noexcept;
+
 // ---------------------------------------------------------------------------------------------
 // Causal depthwise conv1d + SiLU (conv1d.cuh), for the qkv channels of a GDN layer.
 //   out[t][c] = silu(Σ_j w[c][j]·u[t−K+1+j][c]),  u = [history ; x],  j = K−1 the current token.

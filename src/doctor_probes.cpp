@@ -7,14 +7,10 @@
 #include <numeric>
 
 #include "doctor_impl.hpp"
-#include "gdn/layers/delta_rule.hpp"
+#include "engine/testing.hpp"
 #include "gdn/runtime/batch.hpp"
 #include "gdn/runtime/context.hpp"
 #include "gdn/runtime/sampling.hpp"
-
-#if defined(GDN_HAVE_CUDA)
-#include "gdn_cuda.hpp"
-#endif
 
 namespace gdn::detail {
 namespace {
@@ -31,8 +27,16 @@ ContextParams params_for(const DoctorSubject& s, int sequences) {
   p.max_logits_rows = 256;
   p.threads = s.options.threads;
   p.state_dtype = s.options.state_dtype;
-  p.faults = s.options.faults;
+  p.backend = s.options.backend;
   return p;
+}
+
+// A context of the engine under test: the doctor's backend, with its injected faults.
+std::unique_ptr<Context> open(const DoctorSubject& s, const ContextParams& p) {
+  return make_context_for_tests(s.model, p, s.options.faults);
+}
+std::unique_ptr<Context> open(const DoctorSubject& s, const ContextParams& p, const FaultInjection& faults) {
+  return make_context_for_tests(s.model, p, faults);
 }
 
 std::uint64_t splitmix64(std::uint64_t& x) {
@@ -134,20 +138,15 @@ void check_identities(DoctorSubject& s, CheckRecorder& rec, double& scale) {
     chunked.gdn_chunk_min_tokens = 1;
     recurrent.gdn_chunk_min_tokens = 1 << 30;
     std::vector<float> a, b;
-    {
-      Context ctx(s.model, chunked);
-      a = run_whole(ctx, prompt);
-    }
-    {
-      Context ctx(s.model, recurrent);
-      b = run_whole(ctx, prompt);
-    }
+    a = run_whole(*open(s, chunked), prompt);
+    b = run_whole(*open(s, recurrent), prompt);
     scale = std::max(1.0, stddev(a));
     judge_identity(c, max_abs_diff(a, b), scale,
                    fmt::format("{}-token prompt, chunked GDN (chunks of 64) vs per-token recurrence", L));
   });
 
-  Context ctx(s.model, params_for(s, 3));
+  const auto ctx_owner = open(s, params_for(s, 3));
+  Context& ctx = *ctx_owner;
   rec.run("identity.split_prefill", [&](DoctorCheck& c) {
     whole = run_whole(ctx, prompt);
     if (scale <= 0.0) scale = std::max(1.0, stddev(whole));
@@ -241,14 +240,8 @@ void check_identities(DoctorSubject& s, CheckRecorder& rec, double& scale) {
     p32.state_dtype = DType::f32;
     p16.state_dtype = DType::bf16;
     std::vector<float> a, b;
-    {
-      Context x(s.model, p32);
-      a = run_in_steps(x, tokens, one);
-    }
-    {
-      Context x(s.model, p16);
-      b = run_in_steps(x, tokens, one);
-    }
+    a = run_in_steps(*open(s, p32), tokens, one);
+    b = run_in_steps(*open(s, p16), tokens, one);
     const double d = max_abs_diff(a, b), bound = lim::bf16_state_drift * scale;
     measure(c, "max |dlogit|", d, fmt::format("<= {} when the state is bf16", figure(bound)));
     const std::string what = fmt::format("bf16 vs float32 recurrent state over {} decode steps: logits drift by {}", D, figure(d));
@@ -330,18 +323,18 @@ void check_value_heads(DoctorSubject& s, CheckRecorder& rec) {
   }
   rec.run("gdn.value_head_grouping", [&](DoctorCheck& c) {
     const bool engine_tiled = s.options.faults.tiled_value_heads;
-    ContextParams grouped = params_for(s, 1), tiled = params_for(s, 1);
-    grouped.faults.tiled_value_heads = false;
-    tiled.faults.tiled_value_heads = true;
+    FaultInjection grouped = s.options.faults, tiled = s.options.faults;
+    grouped.tiled_value_heads = false;
+    tiled.tiled_value_heads = true;
     const auto items = likelihood_probe(s);
     std::vector<double> ng, nt;
     {
-      Context ctx(s.model, grouped);
-      for (const auto& it : items) ng.push_back(item_nll(ctx, it));
+      const auto ctx = open(s, params_for(s, 1), grouped);
+      for (const auto& it : items) ng.push_back(item_nll(*ctx, it));
     }
     {
-      Context ctx(s.model, tiled);
-      for (const auto& it : items) nt.push_back(item_nll(ctx, it));
+      const auto ctx = open(s, params_for(s, 1), tiled);
+      for (const auto& it : items) nt.push_back(item_nll(*ctx, it));
     }
     // Only items the model predicts clearly better than chance (with either pairing) can tell.
     const double chance = std::log(static_cast<double>(cfg.vocab_size));
@@ -396,96 +389,29 @@ void check_value_heads(DoctorSubject& s, CheckRecorder& rec) {
 
 // ---------------------------------------------------------------------------------------------
 
+// The other backend against this one: CPU vs CUDA whenever both can run here.
 void check_backend(DoctorSubject& s, CheckRecorder& rec, double scale) {
-#if !defined(GDN_HAVE_CUDA)
-  (void)scale;
-  rec.skip("backend.cuda_vs_cpu", "libgdn was built without the CUDA backend (no nvcc at build time)");
-#else
-  if (cuda::device_count() == 0) {
-    rec.skip("backend.cuda_vs_cpu", fmt::format("no CUDA device ({})", cuda::unavailable_reason()));
+  std::unique_ptr<Context> cuda_ctx;
+  ContextParams gp = params_for(s, 1);
+  gp.backend = Backend::cuda;
+  try {
+    cuda_ctx = open(s, gp);
+  } catch (const Error& e) {
+    if (e.status() != Status::backend_unavailable) throw;
+    rec.skip("backend.cuda_vs_cpu", e.what());
     return;
   }
   rec.run("backend.cuda_vs_cpu", [&](DoctorCheck& c) {
     const auto prompt = random_ids(s, s.options.quick ? 70 : 130, 0xcafe);
-    ContextParams gp = params_for(s, 1);
-    gp.backend = Backend::cuda;
-    std::unique_ptr<Context> gpu;
-    try {
-      gpu = std::make_unique<Context>(s.model, gp);
-    } catch (const Error& e) {
-      if (e.status() != Status::backend_unavailable) throw;
-    }
-    if (gpu) {
-      Context cpu(s.model, params_for(s, 1));
-      const double d = max_abs_diff(run_whole(cpu, prompt), run_whole(*gpu, prompt));
-      const double tol = lim::backend_logits * scale;
-      measure(c, "max |dlogit|", d, fmt::format("<= {}", figure(tol)));
-      c.verdict = d <= tol ? Verdict::pass : Verdict::fail;
-      c.message = fmt::format("{}-token prompt, CPU vs CUDA logits differ by {}", prompt.size(), figure(d));
-      return;
-    }
-    // No CUDA Context yet: check the CUDA decode kernel against the CPU recurrence at this model's
-    // head sizes, with decays from its own A_log and dt_bias, over 16 chained steps.
-    const ModelConfig& cfg = s.model->config();
-    const int Hv = cfg.linear_num_value_heads, dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim;
-    const GatedDeltaNetWeights* gw = nullptr;
-    for (const auto& l : s.model->weights().layers)
-      if (l.kind == LayerKind::linear_attention) { gw = &l.gdn; break; }
-    if (gw == nullptr) {
-      c.verdict = Verdict::skip;
-      c.message = "no GDN layer";
-      return;
-    }
-    std::uint64_t seed = 7;
-    const auto uniform = [&] { return static_cast<float>(static_cast<double>(splitmix64(seed) >> 11) * 0x1.0p-53); };
-    std::vector<float> S_cpu(static_cast<std::size_t>(Hv) * dk * dv, 0.0f), S_gpu = S_cpu;
-    std::vector<float> q(static_cast<std::size_t>(Hv) * dk), k(q.size()), v(static_cast<std::size_t>(Hv) * dv), g(Hv), beta(Hv);
-    std::vector<float> o_cpu(v.size()), o_gpu(v.size());
-    double d = 0.0;
-    int rc = 0;
-    for (int step = 0; step < 16 && rc == 0; ++step) {
-      for (auto& x : q) x = uniform() - 0.5f;
-      for (auto& x : k) x = uniform() - 0.5f;
-      for (auto& x : v) x = 2.0f * uniform() - 1.0f;
-      for (int h = 0; h < Hv; ++h) {
-        const auto norm = [](float* x, int n, float sc) {
-          float ss = 0.0f;
-          for (int i = 0; i < n; ++i) ss += x[i] * x[i];
-          for (int i = 0; i < n; ++i) x[i] *= sc / std::sqrt(ss + 1e-6f);
-        };
-        norm(q.data() + h * dk, dk, 1.0f / std::sqrt(static_cast<float>(dk)));
-        norm(k.data() + h * dk, dk, 1.0f);
-        const float a = 2.0f * uniform() - 1.0f + gw->dt_bias[static_cast<std::size_t>(h)];
-        g[static_cast<std::size_t>(h)] = gw->neg_exp_A[static_cast<std::size_t>(h)] * std::log1p(std::exp(a));
-        beta[static_cast<std::size_t>(h)] = uniform();
-        layers::DeltaRuleInput in;
-        in.q = q.data() + h * dk;
-        in.k = k.data() + h * dk;
-        in.v = v.data() + h * dv;
-        in.g = g.data() + h;
-        in.beta = beta.data() + h;
-        in.dk = dk;
-        in.dv = dv;
-        layers::delta_rule_recurrent(in, 1, S_cpu.data() + static_cast<std::size_t>(h) * dk * dv, o_cpu.data() + h * dv, dv);
-      }
-      rc = cuda::delta_rule_decode_host(q.data(), k.data(), v.data(), g.data(), beta.data(), S_gpu.data(), o_gpu.data(),
-                                        Hv, dk, dv);
-      for (std::size_t i = 0; i < o_cpu.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(o_cpu[i] - o_gpu[i])));
-    }
-    for (std::size_t i = 0; i < S_cpu.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(S_cpu[i] - S_gpu[i])));
-    if (rc != 0) {
-      c.verdict = Verdict::warn;
-      c.message = fmt::format("the CUDA decode kernel returned error {}; Context has no CUDA backend yet", rc);
-      return;
-    }
-    constexpr double kernel_tol = 1e-4;
-    measure(c, "max |d| kernel output/state", d, fmt::format("<= {}", figure(kernel_tol)));
-    c.verdict = d <= kernel_tol ? Verdict::pass : Verdict::fail;
-    c.message = fmt::format("Context has no CUDA backend yet, so the CUDA delta-rule decode kernel was checked against "
-                            "the CPU recurrence instead ({} heads, dk {}, dv {}, this model's decays, 16 steps): {}",
-                            Hv, dk, dv, figure(d));
+    ContextParams cp = params_for(s, 1);
+    cp.backend = Backend::cpu;
+    const double d = max_abs_diff(run_whole(*open(s, cp), prompt), run_whole(*cuda_ctx, prompt));
+    const double tol = lim::backend_logits * scale;
+    measure(c, "max |dlogit|", d, fmt::format("<= {}", figure(tol)));
+    c.verdict = d <= tol ? Verdict::pass : Verdict::fail;
+    c.message = fmt::format("{}-token prompt, CPU (float32) vs CUDA (bf16 activations and KV) logits differ by {}",
+                            prompt.size(), figure(d));
   });
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -511,7 +437,8 @@ void check_generation(DoctorSubject& s, CheckRecorder& rec) {
       }
     }
     const int N = s.options.quick ? 32 : 64;
-    Context ctx(s.model, params_for(s, 1));
+    const auto ctx_owner = open(s, params_for(s, 1));
+    Context& ctx = *ctx_owner;
     int collapsed = 0, looping = 0;
     std::vector<double> entropies;  // of the continuations long enough to judge
     for (const auto& p : prompts) {

@@ -105,14 +105,7 @@ GatedDeltaNetWeights bind_gdn(Binder& b, const ModelConfig& c, const std::string
     g.in_proj_qkvz = b.matrix(p + "in_proj_qkvz.weight", 2LL * c.gdn_key_dim() + 2LL * c.gdn_value_dim(), H);
     g.in_proj_ba = b.matrix(p + "in_proj_ba.weight", 2 * Hv, H);
   }
-  {
-    // Stored [conv_dim][1][K]; kept tap-major [K][conv_dim] for the conv's channel-contiguous loops.
-    const auto taps = b.floats(b.tensor(p + "conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel_dim}));
-    const std::int64_t C = c.gdn_conv_dim(), K = c.linear_conv_kernel_dim;
-    g.conv.resize(taps.size());
-    for (std::int64_t ch = 0; ch < C; ++ch)
-      for (std::int64_t j = 0; j < K; ++j) g.conv[static_cast<std::size_t>(j * C + ch)] = taps[static_cast<std::size_t>(ch * K + j)];
-  }
+  g.conv1d = b.tensor(p + "conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel_dim});
   g.neg_exp_A = b.vec(p + "A_log", Hv);
   for (auto& x : g.neg_exp_A) x = -std::exp(x);
   g.dt_bias = b.vec(p + "dt_bias", Hv);
@@ -141,6 +134,28 @@ DecoderLayerWeights bind_layer(Binder& b, const ModelConfig& c, const std::strin
 }
 
 }  // namespace
+
+namespace {
+
+void add_layer(const DecoderLayerWeights& l, std::vector<const LinearWeight*>& out) {
+  for (const LinearWeight* w : {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b, &l.gdn.in_proj_a,
+                                &l.gdn.in_proj_qkvz, &l.gdn.in_proj_ba, &l.gdn.out_proj, &l.attn.q_proj, &l.attn.k_proj,
+                                &l.attn.v_proj, &l.attn.o_proj, &l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj})
+    if (!w->empty()) out.push_back(w);
+}
+
+}  // namespace
+
+std::vector<const LinearWeight*> ModelWeights::projections(bool include_mtp) const {
+  std::vector<const LinearWeight*> out;
+  for (const auto& l : layers) add_layer(l, out);
+  out.push_back(&lm_head);
+  if (mtp && include_mtp) {
+    out.push_back(&mtp->fc);
+    add_layer(mtp->layer, out);
+  }
+  return out;
+}
 
 ModelWeights bind_weights(const io::Checkpoint& ckpt, const ModelConfig& c, bool load_mtp) {
   ModelWeights w;

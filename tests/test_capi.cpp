@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "gdn.h"
-#include "gdn/backend/cpu/linear.hpp"
+#include "backend/cpu/linear.hpp"
 #include "gdn/io/tokenizer.hpp"
 #include "gdn/runtime/generator.hpp"
 #include "gdn/text/chat_template.hpp"

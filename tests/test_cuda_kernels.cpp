@@ -28,16 +28,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-#include "gdn_cuda.hpp"
 #include "kernels.hpp"
 #if !defined(GDN_CUDA_EMULATE)
 #include "gemm.hpp"
 #endif
-#include "gdn/layers/activations.hpp"
-#include "gdn/layers/delta_rule.hpp"
-#include "gdn/layers/gated_delta_net.hpp"
-#include "gdn/layers/rms_norm.hpp"
-#include "gdn/layers/rope.hpp"
+// The CPU kernels as a plain reference (the engine's CPU backend runs the same arithmetic).
+#include "backend/cpu/reference_kernels.hpp"
 #if !defined(GDN_CUDA_STANDALONE)
 #include "gdn/runtime/sampling.hpp"
 #endif
@@ -45,7 +41,19 @@
 namespace {
 
 namespace gc = gdn::cuda;
+namespace ref = gdn::cpu::reference;
 using bf16 = __nv_bfloat16;
+using gdn::cpu::DeltaRuleInput;
+using gdn::cpu::DeltaRuleScratch;
+
+// RoPE as the CPU backend computes it: inverse frequencies once, then angles and rotation.
+struct RefRope {
+  RefRope(int rotary_dim, double theta) : inv_freq(gdn::cpu::rope_inverse_frequencies(rotary_dim, theta)), half(rotary_dim / 2) {}
+  void angles(std::int64_t pos, float* c, float* s) const { ref::rope_angles(inv_freq.data(), half, pos, c, s); }
+  void apply(float* head, const float* c, const float* s) const { ref::rope_apply(head, c, s, half); }
+  std::vector<float> inv_freq;
+  int half;
+};
 
 #if defined(GDN_CUDA_EMULATE)
 int device_count() { return 1; }  // the emulator is always there
@@ -244,12 +252,12 @@ std::vector<float> gdn_reference(const GdnCase& c, std::vector<float>& S, bool c
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   for (int r = 0; r < c.rows; ++r)
     for (int h = 0; h < Hk; ++h) {
-      gdn::layers::l2_normalize(qkv.data() + r * C + h * dk, dk, q_scale);
-      gdn::layers::l2_normalize(qkv.data() + r * C + Kd + h * dk, dk, 1.0f);
+      ref::l2_normalize(qkv.data() + r * C + h * dk, dk, q_scale);
+      ref::l2_normalize(qkv.data() + r * C + Kd + h * dk, dk, 1.0f);
     }
   std::vector<float> out(static_cast<std::size_t>(c.rows) * Hv * dv);
   std::vector<float> g(static_cast<std::size_t>(c.rows)), beta(static_cast<std::size_t>(c.rows));
-  gdn::layers::DeltaRuleScratch scratch;
+  DeltaRuleScratch scratch;
   scratch.reserve(dk, dv);
   const int r_per = Hv / Hk;
   for (std::size_t s = 0; s < c.lens.size(); ++s) {
@@ -258,11 +266,11 @@ std::vector<float> gdn_reference(const GdnCase& c, std::vector<float>& S, bool c
       for (int t = 0; t < n; ++t) {
         const std::size_t r = static_cast<std::size_t>(row0 + t);
         g[r] = c.neg_exp_A[static_cast<std::size_t>(h)] *
-               gdn::layers::softplus(c.a.f[r * Hv + h] + c.dt_bias[static_cast<std::size_t>(h)]);
-        beta[r] = gdn::layers::sigmoid(c.b.f[r * Hv + h]);
+               ref::softplus(c.a.f[r * Hv + h] + c.dt_bias[static_cast<std::size_t>(h)]);
+        beta[r] = ref::sigmoid(c.b.f[r * Hv + h]);
       }
       const int kh = h / r_per;
-      gdn::layers::DeltaRuleInput in;
+      DeltaRuleInput in;
       in.q = qkv.data() + row0 * C + kh * dk;
       in.k = qkv.data() + row0 * C + Kd + kh * dk;
       in.v = qkv.data() + row0 * C + 2 * Kd + h * dv;
@@ -276,21 +284,21 @@ std::vector<float> gdn_reference(const GdnCase& c, std::vector<float>& S, bool c
       if (snaps != nullptr) {
         // Token by token so that every intermediate state can be read.
         for (int t = 0; t < n; ++t) {
-          gdn::layers::DeltaRuleInput one = in;
+          DeltaRuleInput one = in;
           one.q += t * C;
           one.k += t * C;
           one.v += t * C;
           one.g += t;
           one.beta += t;
-          gdn::layers::delta_rule_recurrent(one, 1, St, o + static_cast<std::int64_t>(t) * Hv * dv, Hv * dv);
+          ref::delta_rule_recurrent(one, 1, St, o + static_cast<std::int64_t>(t) * Hv * dv, Hv * dv, scratch);
           auto& snap = (*snaps)[s * 16 + static_cast<std::size_t>(t)];
           snap.resize(static_cast<std::size_t>(c.slot_elems()));
           std::copy_n(St, dk * dv, snap.data() + static_cast<std::int64_t>(h) * dk * dv);
         }
       } else if (chunked) {
-        gdn::layers::delta_rule_chunked(in, n, St, o, static_cast<std::int64_t>(Hv) * dv, scratch);
+        ref::delta_rule_chunked(in, n, St, o, static_cast<std::int64_t>(Hv) * dv, scratch);
       } else {
-        gdn::layers::delta_rule_recurrent(in, n, St, o, static_cast<std::int64_t>(Hv) * dv);
+        ref::delta_rule_recurrent(in, n, St, o, static_cast<std::int64_t>(Hv) * dv, scratch);
       }
     }
   }
@@ -336,44 +344,6 @@ int max_len(const std::vector<int>& lens) { return lens.empty() ? 0 : *std::max_
 
 // ================================================================================================
 
-#if !defined(GDN_CUDA_EMULATE)
-TEST_CASE("CUDA delta-rule decode step equals the CPU recurrence", "[cuda]") {
-  GDN_NEED_DEVICE();
-  const int heads = 6, dk = 128, dv = 128;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd;
-  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
-  std::vector<float> q(heads * dk), k(heads * dk), v(heads * dv), g(heads), beta(heads), S(heads * dk * dv);
-  for (auto& x : q) x = nd(rng);
-  for (auto& x : k) x = nd(rng);
-  for (auto& x : v) x = nd(rng);
-  for (auto& x : S) x = 0.1f * nd(rng);
-  for (int h = 0; h < heads; ++h) {
-    gdn::layers::l2_normalize(q.data() + h * dk, dk, 1.0f / std::sqrt(static_cast<float>(dk)));
-    gdn::layers::l2_normalize(k.data() + h * dk, dk, 1.0f);
-    g[h] = -ud(rng);
-    beta[h] = ud(rng);
-  }
-  std::vector<float> S_cpu = S, S_gpu = S, o_cpu(heads * dv), o_gpu(heads * dv);
-  for (int h = 0; h < heads; ++h) {
-    gdn::layers::DeltaRuleInput in;
-    in.q = q.data() + h * dk;
-    in.k = k.data() + h * dk;
-    in.v = v.data() + h * dv;
-    in.g = g.data() + h;
-    in.beta = beta.data() + h;
-    in.dk = dk;
-    in.dv = dv;
-    gdn::layers::delta_rule_recurrent(in, 1, S_cpu.data() + h * dk * dv, o_cpu.data() + h * dv, dv);
-  }
-  REQUIRE(gdn::cuda::delta_rule_decode_host(q.data(), k.data(), v.data(), g.data(), beta.data(), S_gpu.data(),
-                                            o_gpu.data(), heads, dk, dv) == 0);
-  float d = 0.0f;
-  for (std::size_t i = 0; i < o_cpu.size(); ++i) d = std::max(d, std::fabs(o_cpu[i] - o_gpu[i]));
-  for (std::size_t i = 0; i < S_cpu.size(); ++i) d = std::max(d, std::fabs(S_cpu[i] - S_gpu[i]));
-  CHECK(d < 1e-5f);
-}
-#endif
 
 TEST_CASE("CUDA causal conv1d: varlen prefill and multi-token update with snapshots", "[cuda]") {
   GDN_NEED_DEVICE();
@@ -401,13 +371,13 @@ TEST_CASE("CUDA causal conv1d: varlen prefill and multi-token update with snapsh
     for (int s = 0; s < n; ++s) {
       float* st = ref_hist.data() + static_cast<std::int64_t>(slots[static_cast<std::size_t>(s)]) * (K - 1) * C;
       if (!update) {
-        gdn::layers::causal_conv1d_silu(w_taps.data(), K, C, x.f.data() + cu[s] * C, C, lens[s], st,
+        ref::causal_conv1d_silu(w_taps.data(), K, C, x.f.data() + cu[s] * C, C, lens[s], st,
                                         ref_out.data() + cu[s] * C, C, 0, C);
         continue;
       }
       for (int t = 0; t < lens[s]; ++t) {  // one token at a time, reading the history after each
         const std::int64_t r = cu[s] + t;
-        gdn::layers::causal_conv1d_silu(w_taps.data(), K, C, x.f.data() + r * C, C, 1, st, ref_out.data() + r * C, C, 0, C);
+        ref::causal_conv1d_silu(w_taps.data(), K, C, x.f.data() + r * C, C, 1, st, ref_out.data() + r * C, C, 0, C);
         ref_snap[static_cast<std::size_t>(s * 16 + t)].assign(st, st + (K - 1) * C);
       }
     }
@@ -608,12 +578,12 @@ AttnCase make_attn_case(int Hq, int Hkv, int hd, std::vector<int> hist, std::vec
   return c;
 }
 
-// CPU reference following layers::AttentionLayer::forward. Returns the gated output [rows][Hq·hd]
+// CPU reference following the CPU backend's attention (kernels/attention.hpp). Returns the gated output [rows][Hq·hd]
 // and completes c.cache with the step's keys and values (in `cache`).
 std::vector<float> attn_reference(const AttnCase& c, std::vector<std::vector<float>>& cache,
                                   std::vector<float>* q_out = nullptr) {
   const int Hq = c.Hq, Hkv = c.Hkv, hd = c.hd;
-  const gdn::layers::Rope rope(c.rot, 1e7);
+  const RefRope rope(c.rot, 1e7);
   const float eps = 1e-6f;
   std::vector<float> q(static_cast<std::size_t>(c.rows) * Hq * hd), out(q.size());
   std::vector<float> cs(static_cast<std::size_t>(c.rot / 2)), sn(cs.size());
@@ -626,11 +596,11 @@ std::vector<float> attn_reference(const AttnCase& c, std::vector<std::vector<flo
       const float* p = c.qkv.f.data() + r * c.ld();
       for (int h = 0; h < Hq; ++h) {
         float* qh = q.data() + (static_cast<std::size_t>(r) * Hq + h) * hd;
-        gdn::layers::rms_norm(p + 2LL * h * hd, c.q_scale.data(), qh, hd, eps);
+        ref::rms_norm(p + 2LL * h * hd, c.q_scale.data(), qh, hd, eps);
         rope.apply(qh, cs.data(), sn.data());
       }
       for (int g = 0; g < Hkv; ++g) {
-        gdn::layers::rms_norm(p + 2LL * Hq * hd + g * hd, c.k_scale.data(), at(0, g, pos), hd, eps);
+        ref::rms_norm(p + 2LL * Hq * hd + g * hd, c.k_scale.data(), at(0, g, pos), hd, eps);
         rope.apply(at(0, g, pos), cs.data(), sn.data());
         std::copy_n(p + 2LL * Hq * hd + static_cast<std::int64_t>(Hkv) * hd + g * hd, hd, at(1, g, pos));
       }
@@ -669,7 +639,7 @@ std::vector<float> attn_reference(const AttnCase& c, std::vector<std::vector<flo
         for (int j = 0; j < len; ++j)
           for (int e = 0; e < hd; ++e) o[e] += scores[static_cast<std::size_t>(j)] / sum * at(1, g, j)[e];
         const float* gate = c.qkv.f.data() + r * c.ld() + 2LL * h * hd + hd;
-        for (int e = 0; e < hd; ++e) o[e] *= gdn::layers::sigmoid(gate[e]);
+        for (int e = 0; e < hd; ++e) o[e] *= ref::sigmoid(gate[e]);
       }
     }
   }
@@ -846,7 +816,7 @@ TEST_CASE("CUDA RMSNorm (zero-centred and plain, fused residual), gated norm, Sw
           if (with_res)
             for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = ref_res[static_cast<std::size_t>(r * n + i)] =
                                             round_bf(in[static_cast<std::size_t>(i)] + res.f[static_cast<std::size_t>(r * n + i)]);
-          gdn::layers::rms_norm(in.data(), scale.data(), ref.data() + r * n, n, eps);
+          ref::rms_norm(in.data(), scale.data(), ref.data() + r * n, n, eps);
         }
         Buf<bf16> dx(x.b), dres(res.b), dy(static_cast<std::size_t>(rows) * n);
         Buf<float> dw(w);
@@ -865,7 +835,7 @@ TEST_CASE("CUDA RMSNorm (zero-centred and plain, fused residual), gated norm, Sw
     for (auto& v : w) v = 1.0f + rng.normal(0.1f);
     std::vector<float> ref(x.f.size());
     for (int r = 0; r < rows * heads; ++r)
-      gdn::layers::rms_norm_gated(x.f.data() + r * hd, z.f.data() + r * hd, w.data(), ref.data() + r * hd, hd, eps);
+      ref::rms_norm_gated(x.f.data() + r * hd, z.f.data() + r * hd, w.data(), ref.data() + r * hd, hd, eps);
     Buf<bf16> dx(x.b), dz(z.b);
     Buf<float> dw(w);
     REQUIRE(gc::rmsnorm_gated(dx.get(), heads * hd, dz.get(), heads * hd, dw.get(), dx.get(), heads * hd, rows, heads, hd,
@@ -879,7 +849,7 @@ TEST_CASE("CUDA RMSNorm (zero-centred and plain, fused residual), gated norm, Sw
     for (int r = 0; r < rows; ++r)
       for (int i = 0; i < I; ++i)
         ref[static_cast<std::size_t>(r * I + i)] =
-            gdn::layers::silu(gu.f[static_cast<std::size_t>(r * 2 * I + i)]) * gu.f[static_cast<std::size_t>(r * 2 * I + I + i)];
+            ref::silu(gu.f[static_cast<std::size_t>(r * 2 * I + i)]) * gu.f[static_cast<std::size_t>(r * 2 * I + I + i)];
     Buf<bf16> din(gu.b), dout(static_cast<std::size_t>(rows) * I);
     REQUIRE(gc::swiglu(din.get(), 2 * I, I, dout.get(), I, rows, I, no_stream()) == cudaSuccess);
     check_close("swiglu", widen(dout.download()), ref, 1e-3f, 4e-3f);
@@ -888,7 +858,7 @@ TEST_CASE("CUDA RMSNorm (zero-centred and plain, fused residual), gated norm, Sw
     const int rows = 3, heads = 2, hd = 64, rot = 16;
     const BfData x = bf_normal(rng, static_cast<std::size_t>(rows) * heads * hd, 1.0f);
     const std::vector<std::int32_t> pos = {0, 7, 262143};
-    const gdn::layers::Rope rope(rot, 1e7);
+    const RefRope rope(rot, 1e7);
     std::vector<float> inv_freq;
     for (int i = 0; i < rot / 2; ++i) inv_freq.push_back(static_cast<float>(1.0 / std::pow(1e7, static_cast<double>(2 * i) / rot)));
     std::vector<float> ref = x.f, cs(rot / 2), sn(rot / 2);

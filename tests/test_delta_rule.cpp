@@ -1,18 +1,39 @@
 // The gated delta rule on its own: chunked (WY/UT) form vs the per-token recurrence vs a plain
 // double-precision reference written from the equations, on random inputs that cross several
-// chunk boundaries and include strong and weak decays.
+// chunk boundaries and include strong and weak decays; and the causal conv. Each kernel is the
+// one the engine runs, called through the CPU backend's table for every target this CPU supports
+// (avx512, avx2, scalar).
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
-#include "gdn/layers/delta_rule.hpp"
-#include "gdn/layers/gated_delta_net.hpp"
+#include "backend/cpu/target.hpp"
 
-using namespace gdn::layers;
+using gdn::cpu::DeltaRuleInput;
+using gdn::cpu::DeltaRuleScratch;
+using gdn::cpu::Target;
 
 namespace {
+
+// Every target this CPU can run.
+std::vector<Target> targets() {
+  std::vector<Target> out;
+  for (const Target t : {Target::scalar, Target::avx2, Target::avx512})
+    if (gdn::cpu::target_supported(t)) out.push_back(t);
+  return out;
+}
+
+void l2_normalize(float* x, int n, float scale) {
+  double s = 0.0;
+  for (int i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  const float r = static_cast<float>(scale / std::sqrt(s + 1e-6));
+  for (int i = 0; i < n; ++i) x[i] *= r;
+}
+
+double silu(double x) { return x / (1.0 + std::exp(-x)); }
 
 struct Inputs {
   int n, dk, dv;
@@ -88,8 +109,13 @@ double max_diff(const A& a, const B& b) {
 }  // namespace
 
 TEST_CASE("recurrent and chunked delta rule agree with the double-precision equations", "[delta_rule]") {
+  for (const Target target : targets()) {
+  const auto& K = gdn::cpu::target_kernels(target);
+  // Head sizes of every supported model (128), the fixtures', odd ones, and value heads far larger
+  // than any shipped model (600, 1024): the kernels have no size limit of their own.
   for (const auto& [n, dk, dv] : {std::tuple{1, 16, 32}, std::tuple{63, 16, 24}, std::tuple{64, 32, 32},
-                                  std::tuple{65, 16, 16}, std::tuple{200, 128, 128}, std::tuple{130, 64, 128}}) {
+                                  std::tuple{65, 16, 16}, std::tuple{200, 128, 128}, std::tuple{130, 64, 128},
+                                  std::tuple{70, 32, 600}, std::tuple{3, 128, 1024}}) {
     const auto in = random_inputs(n, dk, dv, static_cast<unsigned>(n * 7 + dk));
     // Start from a non-zero state, as a continuing sequence would.
     std::vector<float> S0(static_cast<std::size_t>(dk * dv));
@@ -101,41 +127,49 @@ TEST_CASE("recurrent and chunked delta rule agree with the double-precision equa
 
     std::vector<float> Sr = S0, Sc = S0;
     std::vector<float> orec(static_cast<std::size_t>(n * dv)), ochk(orec.size());
-    delta_rule_recurrent(view(in), n, Sr.data(), orec.data(), dv);
     DeltaRuleScratch ws;
     ws.reserve(dk, dv);
-    delta_rule_chunked(view(in), n, Sc.data(), ochk.data(), dv, ws);
+    K.delta_rule_recurrent(view(in), n, Sr.data(), orec.data(), dv, ws);
+    K.delta_rule_chunked(view(in), n, Sc.data(), ochk.data(), dv, ws);
 
-    INFO("n=" << n << " dk=" << dk << " dv=" << dv);
+    INFO("target " << K.name << " n=" << n << " dk=" << dk << " dv=" << dv);
     CHECK(max_diff(orec, oref) < 2e-5);
     CHECK(max_diff(ochk, oref) < 2e-5);
     CHECK(max_diff(Sr, Sref) < 2e-5);
     CHECK(max_diff(Sc, Sref) < 2e-5);
   }
+  }
 }
 
 TEST_CASE("chunked delta rule in pieces equals one call (state carried between calls)", "[delta_rule]") {
+  for (const Target target : targets()) {
+  const auto& K = gdn::cpu::target_kernels(target);
+  INFO("target " << K.name);
   const int n = 150, dk = 32, dv = 48;
   const auto in = random_inputs(n, dk, dv, 99);
   std::vector<float> S1(static_cast<std::size_t>(dk * dv), 0.0f), S2 = S1;
   std::vector<float> o1(static_cast<std::size_t>(n * dv)), o2(o1.size());
   DeltaRuleScratch ws;
   ws.reserve(dk, dv);
-  delta_rule_chunked(view(in), n, S1.data(), o1.data(), dv, ws);
+  K.delta_rule_chunked(view(in), n, S1.data(), o1.data(), dv, ws);
   // 37 + 1 + 112 tokens: odd split points inside chunks, and a single-token recurrent piece.
   auto v = view(in);
-  delta_rule_chunked(v, 37, S2.data(), o2.data(), dv, ws);
+  K.delta_rule_chunked(v, 37, S2.data(), o2.data(), dv, ws);
   auto shift = [&](DeltaRuleInput d, int by) {
     d.q += by * dk; d.k += by * dk; d.v += by * dv; d.g += by; d.beta += by;
     return d;
   };
-  delta_rule_recurrent(shift(v, 37), 1, S2.data(), o2.data() + 37 * dv, dv);
-  delta_rule_chunked(shift(v, 38), n - 38, S2.data(), o2.data() + 38 * dv, dv, ws);
+  K.delta_rule_recurrent(shift(v, 37), 1, S2.data(), o2.data() + 37 * dv, dv, ws);
+  K.delta_rule_chunked(shift(v, 38), n - 38, S2.data(), o2.data() + 38 * dv, dv, ws);
   CHECK(max_diff(o1, o2) < 1e-5);
   CHECK(max_diff(S1, S2) < 1e-5);
+  }
 }
 
 TEST_CASE("causal conv with state equals the conv over the whole sequence", "[conv]") {
+  for (const Target target : targets()) {
+  const auto& kernels = gdn::cpu::target_kernels(target);
+  INFO("target " << kernels.name);
   const int K = 4, C = 5, n = 11;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
@@ -144,7 +178,7 @@ TEST_CASE("causal conv with state equals the conv over the whole sequence", "[co
   for (auto& v : x) v = nd(rng);
   // Whole sequence at once from a zero state.
   std::vector<float> st(static_cast<std::size_t>((K - 1) * C), 0.0f), whole(x.size());
-  causal_conv1d_silu(w.data(), K, C, x.data(), C, n, st.data(), whole.data(), C, 0, C);
+  kernels.causal_conv1d_silu(w.data(), K, C, x.data(), C, n, st.data(), whole.data(), C, 0, C);
   // Direct formula.
   for (int t = 0; t < n; ++t)
     for (int c = 0; c < C; ++c) {
@@ -159,9 +193,10 @@ TEST_CASE("causal conv with state equals the conv over the whole sequence", "[co
   std::vector<float> st2(st.size(), 0.0f), pieces(x.size());
   int t0 = 0;
   for (const int len : {1, 2, n - 3}) {
-    causal_conv1d_silu(w.data(), K, C, x.data() + t0 * C, C, len, st2.data(), pieces.data() + t0 * C, C, 0, C);
+    kernels.causal_conv1d_silu(w.data(), K, C, x.data() + t0 * C, C, len, st2.data(), pieces.data() + t0 * C, C, 0, C);
     t0 += len;
   }
   CHECK(max_diff(whole, pieces) == 0.0);
   CHECK(max_diff(st, st2) == 0.0);
+  }
 }

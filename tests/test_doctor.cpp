@@ -1,6 +1,6 @@
 // gdn doctor: it passes on every project checkpoint, and each check fails, naming the cause, on a
 // copy broken on purpose (written here into temporary directories) or with the engine broken on
-// purpose (ContextParams faults). The degeneration metrics are also tested on synthetic sequences.
+// purpose (FaultInjection, injected through the engine's test hook). The degeneration metrics are also tested on synthetic sequences.
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "gdn.h"
+#include "engine/testing.hpp"
 #include "gdn/diagnostics/doctor.hpp"
 #include "safetensors_writer.hpp"
 #include "test_util.hpp"
@@ -299,11 +300,13 @@ TEST_CASE("doctor: value heads in GGUF (tiled) order", "[doctor][broken]") {
     p.max_context = 256;
     p.threads = 2;
     p.max_logits_rows = 256;
-    ContextParams pt = p;
-    pt.faults.tiled_value_heads = true;
+    FaultInjection tiled;
+    tiled.tiled_value_heads = true;
     test::Reference ref("qwen35_tied");
     const auto tokens = ref.tokens("prompt4.tokens");
-    Context a(original, p), b(reordered, pt), c(reordered, p);
+    Context a(original, p), c(reordered, p);
+    const auto b_owner = detail::make_context_for_tests(reordered, p, tiled);
+    Context& b = *b_owner;
     const auto la = test::prefill_logits(a, tokens), lb = test::prefill_logits(b, tokens), lc = test::prefill_logits(c, tokens);
     CHECK(test::max_abs_diff(la.data(), lb.data(), la.size()) < 1e-4f);
     CHECK(test::max_abs_diff(la.data(), lc.data(), la.size()) > 0.1f);  // read grouped, it is another model

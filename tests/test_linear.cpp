@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "gdn/backend/cpu/linear.hpp"
+#include "backend/cpu/linear.hpp"
 
 using namespace gdn;
 

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include "engine/testing.hpp"
 #include "test_util.hpp"
 
 using namespace gdn;
@@ -343,18 +344,19 @@ TEST_CASE("the fixture comparison catches the classic GDN bugs (deliberate fault
   const auto tokens = ref.tokens("prompt5.tokens");
   const auto expect = ref.floats("prompt5.logits");
   const auto V = static_cast<std::size_t>(model->config().vocab_size);
-  const auto decode_diff = [&](const ContextParams& p) {
-    Context ctx(model, p);
-    const auto got = test::decode_logits(ctx, tokens);
+  const auto decode_diff = [&](const ContextParams& p, const FaultInjection& faults) {
+    const auto ctx = detail::make_context_for_tests(model, p, faults);
+    const auto got = test::decode_logits(*ctx, tokens);
     return max_abs_diff(got.data(), expect.data(), got.size());
   };
-  ContextParams base = small_params(1);
-  ContextParams drop = base, tiled = base, bf16_state = base;
-  drop.faults.drop_conv_state = true;
-  tiled.faults.tiled_value_heads = true;
+  const ContextParams base = small_params(1);
+  ContextParams bf16_state = base;
   bf16_state.state_dtype = DType::bf16;
-  const float d_ok = decode_diff(base), d_drop = decode_diff(drop), d_tiled = decode_diff(tiled),
-              d_bf16 = decode_diff(bf16_state);
+  FaultInjection none, drop, tiled;
+  drop.drop_conv_state = true;
+  tiled.tiled_value_heads = true;
+  const float d_ok = decode_diff(base, none), d_drop = decode_diff(base, drop), d_tiled = decode_diff(base, tiled),
+              d_bf16 = decode_diff(bf16_state, none);
   WARN(fmt::format("200-token decode vs transformers: correct {:.2g}; conv state dropped each step {:.2g}; "
                    "value heads tiled {:.2g}; bf16 recurrent state {:.2g}",
                    d_ok, d_drop, d_tiled, d_bf16));

@@ -45,7 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "gdn/backend/cpu/linear.hpp"
+#include "backend/cpu/linear.hpp"
 #include "gdn/core/anonymous_memory.hpp"
 #include "gdn/gdn.hpp"
 

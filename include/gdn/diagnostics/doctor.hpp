@@ -53,11 +53,17 @@ struct DoctorCheck {
   double seconds = 0.0;
 };
 
-// Deliberately breaking the engine the doctor tests is how its own tests prove a check catches
-// the bug it is for. Leave these alone for real use.
+// Deliberate engine faults, for self-checks and the tests that prove a check catches the bug it is
+// for: deliberately breaking the engine the doctor tests. Never set them for real use.
+struct FaultInjection {
+  bool drop_conv_state = false;    // zero every GDN conv state at the start of each step (a known server bug)
+  bool tiled_value_heads = false;  // pair value head h with key head h % Hk (GGUF order) instead of h / (Hv/Hk)
+};
+
 struct DoctorOptions {
   bool quick = false;      // shorter probes (tests, deploy hooks): seconds even on a large model
   int threads = 0;         // 0: one per hardware thread
+  Backend backend = Backend::cpu;  // where the doctor's contexts run
   FaultInjection faults;   // injected into every Context the doctor creates
   std::optional<DType> state_dtype;  // as ContextParams::state_dtype (default: the config's)
 };

@@ -1,18 +1,17 @@
 #pragma once
-// The weights of a model, bound from a checkpoint. Large matrices are views into the memory-mapped
-// safetensors files (zero-copy); small per-channel vectors (norm weights, A_log, dt_bias, conv
-// taps) are converted to float32 once at load, in the form the kernels use, because they are
-// often stored in a different dtype from the matrices and are read on every token.
+// The weights of a model, bound from a checkpoint, in a backend-neutral form. Large matrices are
+// views into the memory-mapped safetensors files (zero-copy); small per-channel vectors (norm
+// weights, A_log, dt_bias) are converted to float32 once at load, in the form every backend's
+// kernels use, because they are often stored in a different dtype from the matrices and are read on
+// every token. How a backend lays the matrices out for its kernels (the CPU's packed images, a
+// device copy) is the backend's business (src/backend/).
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "gdn/backend/cpu/linear.hpp"
-#include "gdn/core/anonymous_memory.hpp"
 #include "gdn/core/tensor.hpp"
 #include "gdn/model/config.hpp"
 
@@ -23,12 +22,9 @@ namespace io { class Checkpoint; }
 // A projection y = W·x with W stored [out, in].
 struct LinearWeight {
   TensorView w;
-  // The same values in the order this process's projection kernel reads them (see
-  // cpu::pack_weight_image), when the model packed them at load; owned by ModelWeights::packed.
-  const std::uint16_t* image = nullptr;
-  cpu::WeightImage image_layout = cpu::WeightImage::none;
   std::int64_t out() const noexcept { return w.dim(0); }
   std::int64_t in() const noexcept { return w.dim(1); }
+  bool empty() const noexcept { return w.empty(); }
 };
 
 struct GatedDeltaNetWeights {
@@ -36,7 +32,7 @@ struct GatedDeltaNetWeights {
   LinearWeight in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;
   // Fused layout (Qwen3-Next): rows interleaved per key-head group.
   LinearWeight in_proj_qkvz, in_proj_ba;
-  std::vector<float> conv;          // [kernel][conv_dim] (tap-major, so a tap reads channels contiguously); tap kernel-1 multiplies the current token
+  TensorView conv1d;                // [conv_dim, 1, kernel] as stored; tap kernel-1 multiplies the current token
   std::vector<float> neg_exp_A;     // −exp(A_log) per value head
   std::vector<float> dt_bias;       // per value head
   std::vector<float> norm;          // gated RMSNorm weight [dv], used as is
@@ -79,24 +75,13 @@ struct ModelWeights {
   std::string prefix;  // e.g. "model.language_model."
   // Copies of tensors whose data was not aligned to their element size in the file.
   std::vector<std::unique_ptr<std::byte[]>> realigned;
-  // Images of the projections (pack_weights_for_cpu).
-  AnonymousMemory packed;
 
   // Every projection the model runs (the MTP head's too unless include_mtp is false).
   std::vector<const LinearWeight*> projections(bool include_mtp = true) const;
-  std::vector<LinearWeight*> projections(bool include_mtp = true);
 };
 
 // Checks every tensor the config implies (presence, dtype, shape) and binds it. Throws
 // gdn::Error(missing_tensor | tensor_mismatch) naming the tensor. load_mtp=false skips mtp.*.
 ModelWeights bind_weights(const io::Checkpoint& ckpt, const ModelConfig& cfg, bool load_mtp);
-
-// When this process's projection kernel reads bf16 weights from an image (amx, avx512), copies every
-// bf16 projection into it (one anonymous, huge-page-backed block the size of the weights) so decode
-// streams the weights sequentially; then lets go of the checkpoint's pages of those tensors (they
-// stay in the page cache, where the embedding lookup and anything else reading the views finds
-// them). Returns the bytes packed (0 when the kernel reads weights in place).
-std::size_t pack_weights_for_cpu(ModelWeights& w, const io::Checkpoint& ckpt,
-                                 const std::function<void(std::size_t, std::size_t)>& progress = {});
 
 }  // namespace gdn

@@ -1,9 +1,10 @@
 #pragma once
 // A Context owns the mutable state for up to max_sequences sequences of one Model: per sequence and
 // GDN layer a conv state and a recurrent state, a paged KV cache for the attention layers (and the
-// MTP layer), plus all scratch memory of a step. Everything is allocated when the context is
-// created; a decode step allocates nothing. A Context is used by one thread at a time; several
-// contexts may share one Model.
+// MTP layer), plus all scratch memory of a step, on the backend it was created for (host memory
+// for the CPU, device memory for CUDA). Everything is allocated when the context is created; a
+// decode step allocates nothing. A Context is used by one thread at a time; several contexts may
+// share one Model.
 
 #include <cstdint>
 #include <memory>
@@ -17,13 +18,6 @@
 #include "gdn/runtime/batch.hpp"
 
 namespace gdn {
-
-// Deliberate faults, for self-checks (gdn doctor) and tests that prove a check catches the bug it
-// is for. Never set them for real use.
-struct FaultInjection {
-  bool drop_conv_state = false;    // zero every GDN conv state at the start of each step (a known server bug)
-  bool tiled_value_heads = false;  // pair value head h with key head h % Hk (GGUF order) instead of h / (Hv/Hk)
-};
 
 struct ContextParams {
   int max_sequences = 4;         // sequence slots
@@ -41,15 +35,27 @@ struct ContextParams {
   int gdn_chunk_min_tokens = 16; // a sequence advancing by at least this many tokens takes chunked GDN
   int max_rollback_tokens = 0;   // > 0: a step of up to this many tokens per sequence can be partly
                                  // undone with rollback(); costs one GDN state copy per slot
-  Backend backend = Backend::cpu;
-  FaultInjection faults;
+  Backend backend = Backend::cpu;  // where the context runs (see Model's Backend)
+  int device = 0;                  // CUDA device ordinal (Backend::cuda)
+  bool cuda_graphs = true;         // CUDA: replay passes whose shape repeats (decode) from captured graphs
 };
 
 // A saved sequence state held by the context (see Context::snapshot). Same handle scheme as SeqId.
 using SnapshotId = std::uint64_t;
 
+struct FaultInjection;  // gdn/diagnostics/doctor.hpp
+class Context;
+namespace detail {
+// A context with deliberate faults, for gdn doctor and the tests that prove a check catches the
+// bug it is for (src/engine/testing.hpp). Never for real use.
+std::unique_ptr<Context> make_context_for_tests(std::shared_ptr<const Model>, const ContextParams&, const FaultInjection&);
+}  // namespace detail
+
 class Context {
  public:
+  // Throws Error(backend_unavailable) when params.backend is cuda and libgdn has no CUDA backend or
+  // the machine no usable device (the message says which), Error(out_of_capacity) when the state
+  // does not fit the backend's memory.
   Context(std::shared_ptr<const Model> model, const ContextParams& params = {});
   ~Context();
   Context(const Context&) = delete;
@@ -70,7 +76,10 @@ class Context {
 
   // Advances every sequence in the batch by its tokens. The whole batch is validated first (ids,
   // token range, context length, KV capacity); on error nothing has changed. Throws gdn::Error.
+  // A failure inside the backend (a device fault) may leave state half-written: the context then
+  // reports usable() == false and refuses every later call with that failure's message.
   void step(const Batch& batch);
+  bool usable() const noexcept;
 
   // Outputs of the last step, by output row (see Batch::output_row): logits, and the final hidden
   // state after the last norm (what lm_head and the MTP head read). Valid until the next step.
@@ -125,6 +134,9 @@ class Context {
   struct Impl;
 
  private:
+  friend std::unique_ptr<Context> detail::make_context_for_tests(std::shared_ptr<const Model>, const ContextParams&,
+                                                                 const FaultInjection&);
+  explicit Context(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -12,10 +12,10 @@
 
 #include <fmt/format.h>
 
-#include "gdn/backend/cpu/linear.hpp"
+#include "linear.hpp"
 #include "gdn/core/error.hpp"
 
-#include "cpu_gemm_internal.hpp"
+#include "gemm_internal.hpp"
 
 #if GDN_X86
 #include <cpuid.h>

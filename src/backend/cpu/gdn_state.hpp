@@ -1,5 +1,5 @@
 #pragma once
-// Fixed-size state of the Gated DeltaNet layers, per sequence slot and GDN layer:
+// The CPU backend's fixed-size state of the Gated DeltaNet layers, per sequence slot and GDN layer:
 //  - conv state: the last kernel-1 raw (pre-conv) qkv inputs, [kernel-1][conv_dim], float32;
 //  - recurrent state: Hv matrices of dk×dv (key-major, as transformers), float32 by default
 //    (mamba_ssm_dtype); bf16 only when asked for, because writing the state back in bf16 every
@@ -13,7 +13,7 @@
 #include "gdn/core/dtype.hpp"
 #include "gdn/model/config.hpp"
 
-namespace gdn {
+namespace gdn::cpu {
 
 class GdnStatePool {
  public:
@@ -47,4 +47,4 @@ class GdnStatePool {
   std::vector<std::byte> recurrent_;
 };
 
-}  // namespace gdn
+}  // namespace gdn::cpu

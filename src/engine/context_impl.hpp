@@ -1,21 +1,21 @@
 #pragma once
-// Private: the state behind gdn::Context, shared by context.cpp (the model graph and steps) and
-// sequence_state.cpp (snapshots, forks, rollback, save/load).
+// Private: the engine behind gdn::Context, shared by context.cpp (validation, the step plan) and
+// sequence_state.cpp (snapshots, forks, rollback, save/load). It never touches a number of the
+// model: that is the backend's (src/backend/backend.hpp).
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
-#include "gdn/backend/cpu/exec.hpp"
 #include "gdn/core/error.hpp"
-#include "gdn/core/thread_pool.hpp"
-#include "gdn/layers/rope.hpp"
 #include "gdn/runtime/context.hpp"
-#include "gdn/state/gdn_state.hpp"
-#include "gdn/state/gdn_step_log.hpp"
-#include "gdn/state/kv_pages.hpp"
+
+#include "../backend/backend.hpp"
+#include "page_allocator.hpp"
 
 namespace gdn {
 
@@ -26,6 +26,12 @@ constexpr std::uint64_t make_handle(int index, std::uint32_t generation) {
   return (static_cast<std::uint64_t>(generation) << 32) | static_cast<std::uint32_t>(index);
 }
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Test hooks that are not part of ContextParams (see make_context_for_tests in testing.hpp).
+struct ContextHooks {
+  bool tiled_value_heads = false;  // BackendParams::tiled_value_heads
+  bool drop_conv_state = false;    // zero every GDN conv state of a step's sequences before it runs
+};
 
 struct Context::Impl {
   struct Slot {
@@ -41,24 +47,19 @@ struct Context::Impl {
     bool live = false;
     std::uint32_t generation = 0;
     std::int64_t length = 0, mtp_length = 0;
-    std::vector<float> conv;
-    std::vector<std::byte> recurrent;
-    std::vector<std::int32_t> pages;  // retained
-  };
-  // Where a wanted logits row comes from in the current ubatch.
-  struct OutputRow {
-    std::int64_t ubatch_row;
-    std::int64_t out_row;
-    bool logits;  // else only the hidden state
+    std::unique_ptr<StateCopy> state;  // held by the backend
+    std::vector<std::int32_t> pages;   // retained
   };
 
-  Impl(std::shared_ptr<const Model> m, const ContextParams& params);
+  Impl(std::shared_ptr<const Model> m, const ContextParams& params, const ContextHooks& hooks);
 
   // --- sequences and handles
   Slot& slot_for(SeqId id, const char* what);
   const Slot& slot_for(SeqId id, const char* what) const { return const_cast<Impl*>(this)->slot_for(id, what); }
   int acquire_slot(const char* what);
   Snapshot& snapshot_for(SnapshotId id, const char* what);
+  // Throws when an earlier failure left the backend's state half-written.
+  void check_usable(const char* what) const;
 
   // --- KV pages
   // Positions a slot's page table must cover.
@@ -77,42 +78,35 @@ struct Context::Impl {
   void step(const Batch& batch);
   void step_mtp(const Batch& batch, std::span<const float> hidden);
   void rollback(SeqId seq, std::int64_t keep);
-
-  cpu::Exec exec() { return cpu::Exec{pool, thread_scratch, p.matmul_input}; }
-  void norm_rows(const float* in, const std::vector<float>& scale, float* out, std::int64_t rows);
-  void add_rows(float* acc, const float* d, std::int64_t rows);
-  void rope_angles();
-  void attention_and_mlp(cpu::Exec& ex, const DecoderLayerWeights& lw, int kv_layer, std::int64_t rows);
-  void mlp(cpu::Exec& ex, const DecoderLayerWeights& lw, std::int64_t rows);
-  template <typename StateT>
-  void forward_layers(std::int64_t rows);
-  void emit_outputs(const std::vector<float>& final_scale);
-  template <typename Fill, typename Run>
-  void for_each_ubatch(const Batch& batch, bool mtp, Fill&& fill, Run&& run);
+  // Walks the batch in passes of at most max_batch_tokens rows and runs each through the backend.
+  void run_passes(const Batch& batch, bool mtp, const float* hidden);
+  // Runs fn() (a backend call); a failure that leaves the backend unusable poisons the context.
+  template <typename F>
+  void guarded(F&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      if (!backend->usable()) failure = e.what();
+      throw;
+    }
+  }
 
   std::shared_ptr<const Model> model;
   const ModelConfig& c;
-  const ModelWeights& w;
   ContextParams p;
-  ThreadPool pool;
-  std::vector<cpu::ThreadScratch> thread_scratch;
-  GdnStatePool gdn_state;
-  GdnStepLog step_log;
-  KvPagePool kv;
+  ContextHooks hooks;
+  std::unique_ptr<BackendInterface> backend;
+  std::string failure;  // set when the backend became unusable: every later call reports it
+  PageAllocator pages;
   std::vector<Slot> slots;
   std::vector<std::vector<std::int32_t>> page_tables;  // per slot; capacity reserved up front
   std::vector<Snapshot> snapshots;
   std::vector<std::uint32_t> seen_stamp;  // duplicate detection in validate()
   std::uint32_t stamp = 0;
-  layers::Rope rope;
-  std::vector<int> gdn_index, kv_index;  // per layer: index among GDN layers / KV layers (-1 if n/a)
-  int mtp_kv_layer = -1;
 
-  // Work buffers for U = max_batch_tokens rows.
-  std::int64_t U = 0, ld_proj = 0, ld_fused = 0, ld_aux = 0;
-  std::vector<float> x, xn, mix, proj, fused, aux, gates, core, cos, sin;
-  std::vector<cpu::Segment> segs;
-  std::vector<OutputRow> outputs;
+  // The plan of the current pass (capacity reserved up front: a step allocates nothing).
+  std::vector<PassSegment> segs;
+  std::vector<PassOutput> outputs;
   std::vector<float> logits_buf, hidden_buf;
   std::vector<std::vector<float>> retired_outputs;  // outgrown output buffers, kept for stale views
   std::vector<bool> row_has_logits;

@@ -1,26 +1,43 @@
-// The CPU model graph: one step runs every listed sequence through the decoder layers, in passes of
-// at most max_batch_tokens rows ("ubatches"). Within a pass all sequences share each projection
-// (each weight is streamed once per pass, whatever the number of sequences); the sequence-local
-// parts (conv, delta rule, attention) run per segment.
-//
-//   h ← embed(tokens)
-//   per layer:  h ← h + mixer(rms_norm(h));  h ← h + mlp(rms_norm(h))     mixer = GDN or attention
-//   logits ← lm_head(rms_norm(h)) for the rows that asked for them
+// The engine: a step validates the whole batch first (nothing changes on error), makes the KV
+// positions it writes private to their sequence (copy-on-write), then walks the batch in passes of
+// at most max_batch_tokens rows ("ubatches") and hands each to the backend as a plan: which rows
+// belong to which sequence slot at which position, and which rows are outputs. Only after every
+// pass succeeded are the sequences' lengths advanced.
 
 #include "context_impl.hpp"
 
-#include "gdn/layers/attention.hpp"
-#include "gdn/layers/gated_delta_net.hpp"
-#include "gdn/layers/mlp.hpp"
-#include "gdn/layers/rms_norm.hpp"
+#include "fault_backend.hpp"
+#include "testing.hpp"
 
 namespace gdn {
+namespace {
 
-Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params)
-    : model(std::move(m)), c(model->config()), w(model->weights()), p(params), pool(params.threads) {
-  if (p.backend != Backend::cpu)
-    throw Error(Status::backend_unavailable,
-                "Context runs the CPU backend; the CUDA backend is not wired into Context yet");
+BackendParams backend_params(const ModelConfig& c, const ContextParams& p, const ContextHooks& hooks, std::int64_t pages,
+                             std::int64_t output_rows) {
+  BackendParams b;
+  b.slots = p.max_sequences;
+  b.kv_pages = c.count_layers(LayerKind::full_attention) > 0 ? pages : 0;
+  b.kv_page_size = p.kv_page_size;
+  b.max_context = p.max_context;
+  b.max_pass_rows = p.max_batch_tokens;
+  b.max_output_rows = static_cast<int>(std::min<std::int64_t>(output_rows, p.max_batch_tokens));
+  b.state_dtype = p.state_dtype.value_or(c.ssm_state_dtype);
+  b.matmul_input = p.matmul_input;
+  b.threads = p.threads;
+  b.gdn_chunk_min_tokens = p.gdn_chunk_min_tokens;
+  b.max_rollback_tokens = p.max_rollback_tokens;
+  b.device = p.device;
+  b.cuda_graphs = p.cuda_graphs;
+  b.tiled_value_heads = hooks.tiled_value_heads;
+  return b;
+}
+
+}  // namespace
+
+Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params, const ContextHooks& h)
+    : model(std::move(m)), c(model->config()), p(params), hooks(h) {
+  if (p.backend != Backend::cpu && p.backend != Backend::cuda)
+    throw Error(Status::invalid_argument, fmt::format("backend must be cpu or cuda, got {}", static_cast<int>(p.backend)));
   if (p.max_sequences < 1 || p.max_sequences > (1 << 20))
     throw Error(Status::invalid_argument, fmt::format("max_sequences must be in [1, 2^20], got {}", p.max_sequences));
   if (p.max_context < 1)
@@ -34,57 +51,44 @@ Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params)
                                                       p.max_batch_tokens, p.max_rollback_tokens));
   if (p.matmul_input != MatmulInput::float32 && p.matmul_input != MatmulInput::bf16)
     throw Error(Status::invalid_argument, fmt::format("matmul_input must be float32 or bf16, got {}", static_cast<int>(p.matmul_input)));
+  if (p.gdn_chunk_min_tokens < 1)
+    throw Error(Status::invalid_argument, fmt::format("gdn_chunk_min_tokens must be positive, got {}", p.gdn_chunk_min_tokens));
+  if (p.max_logits_rows < 0)
+    throw Error(Status::invalid_argument, fmt::format("max_logits_rows must not be negative, got {}", p.max_logits_rows));
+  if (p.device < 0) throw Error(Status::invalid_argument, fmt::format("device must not be negative, got {}", p.device));
   const DType sd = p.state_dtype.value_or(c.ssm_state_dtype);
   if (sd != DType::f32 && sd != DType::bf16)
     throw Error(Status::invalid_argument, fmt::format("state_dtype must be F32 or BF16, got {}", dtype_name(sd)));
 
-  int n_gdn = 0, n_kv = 0;
-  for (const auto kind : c.layer_types) {
-    gdn_index.push_back(kind == LayerKind::linear_attention ? n_gdn++ : -1);
-    kv_index.push_back(kind == LayerKind::full_attention ? n_kv++ : -1);
-  }
-  if (model->has_mtp()) mtp_kv_layer = n_kv++;
-
-  gdn_state = GdnStatePool(c, p.max_sequences, sd);
-  if (p.max_rollback_tokens > 0) step_log = GdnStepLog(c, p.max_sequences, sd, p.max_rollback_tokens);
   const std::int64_t pages_per_seq = ceil_div(p.max_context, p.kv_page_size);
-  const std::int64_t pages = p.kv_pages > 0 ? p.kv_pages : pages_per_seq * p.max_sequences;
-  kv = KvPagePool(n_kv > 0 ? pages : 0, p.kv_page_size, n_kv, c.num_key_value_heads, c.head_dim);
+  const std::int64_t n_pages = p.kv_pages > 0 ? p.kv_pages : pages_per_seq * p.max_sequences;
+  // Page ids are 32-bit.
+  if (n_pages > std::numeric_limits<std::int32_t>::max())
+    throw Error(Status::out_of_capacity,
+                fmt::format("a KV cache of {} pages is beyond what one context can address (page ids are 32-bit); lower "
+                            "max_context, max_sequences or kv_pages",
+                            n_pages));
+  const bool has_kv = c.count_layers(LayerKind::full_attention) > 0;
+  const std::int64_t out_rows = p.max_logits_rows > 0 ? p.max_logits_rows : std::max(p.max_sequences, 64);
+  const BackendParams bp = backend_params(c, p, hooks, n_pages, out_rows);
+  backend = p.backend == Backend::cuda ? make_cuda_backend(model, bp) : make_cpu_backend(model, bp);
+  if (hooks.drop_conv_state) backend = std::make_unique<DropConvStateBackend>(std::move(backend));
+
+  pages = PageAllocator(has_kv ? n_pages : 0);
   slots.resize(static_cast<std::size_t>(p.max_sequences));
   page_tables.resize(static_cast<std::size_t>(p.max_sequences));
   for (auto& t : page_tables) t.reserve(static_cast<std::size_t>(pages_per_seq));
   seen_stamp.assign(static_cast<std::size_t>(p.max_sequences), 0);
-  rope = layers::Rope(c.rotary_dim, c.rope_theta);
-
-  const std::int64_t H = c.hidden_size, Hv = c.linear_num_value_heads;
-  const std::int64_t C = c.gdn_conv_dim(), Vd = c.gdn_value_dim();
-  const std::int64_t qd = c.attn_q_dim(), kvd = c.attn_kv_dim(), I = c.intermediate_size;
-  U = p.max_batch_tokens;
-  ld_proj = std::max({C + Vd + 2 * Hv, 2 * qd + 2 * kvd, 2 * I, 2 * H});
-  ld_fused = c.gdn_layout == GdnProjectionLayout::fused_per_key_group ? 2 * c.gdn_key_dim() + 2 * Vd + 2 * Hv : 0;
-  ld_aux = std::max(C, qd);
-  x.assign(static_cast<std::size_t>(U * H), 0.0f);
-  xn.assign(x.size(), 0.0f);
-  mix.assign(x.size(), 0.0f);
-  proj.assign(static_cast<std::size_t>(U * ld_proj), 0.0f);
-  fused.assign(static_cast<std::size_t>(U * ld_fused), 0.0f);
-  aux.assign(static_cast<std::size_t>(U * ld_aux), 0.0f);
-  gates.assign(static_cast<std::size_t>(2 * Hv * U), 0.0f);
-  core.assign(static_cast<std::size_t>(U * std::max(Vd, qd)), 0.0f);
-  cos.assign(static_cast<std::size_t>(U * (c.rotary_dim / 2)), 0.0f);
-  sin.assign(cos.size(), 0.0f);
   segs.reserve(static_cast<std::size_t>(p.max_sequences));
-  outputs.reserve(static_cast<std::size_t>(U));
-  thread_scratch.resize(static_cast<std::size_t>(pool.size()));
-  for (auto& t : thread_scratch) {
-    t.delta.reserve(c.linear_key_head_dim, c.linear_value_head_dim);
-    t.state.assign(static_cast<std::size_t>(c.linear_key_head_dim * c.linear_value_head_dim), 0.0f);
-    t.scores.assign(static_cast<std::size_t>(p.max_context + 1), 0.0f);
-  }
-  // Packed activations for the widest projection input (the MTP fc reads 2H), so no step allocates.
-  thread_scratch[0].linear.reserve(std::max<std::int64_t>(U, p.max_logits_rows), std::max({2 * H, I, Vd, qd, C}),
-                                   p.matmul_input);
-  ensure_output_rows(p.max_logits_rows > 0 ? p.max_logits_rows : std::max(p.max_sequences, 64));
+  outputs.reserve(static_cast<std::size_t>(p.max_batch_tokens));
+  ensure_output_rows(out_rows);
+}
+
+void Context::Impl::check_usable(const char* what) const {
+  if (!failure.empty())
+    throw Error(Status::internal, fmt::format("{}: the context is unusable after an earlier failure that may have left its "
+                                              "state half-written ({}); create a new context",
+                                              what, failure));
 }
 
 void Context::Impl::ensure_output_rows(std::int64_t rows) {
@@ -122,12 +126,13 @@ Context::Impl::Slot& Context::Impl::slot_for(SeqId id, const char* what) {
 }
 
 int Context::Impl::acquire_slot(const char* what) {
+  check_usable(what);
   for (std::size_t s = 0; s < slots.size(); ++s) {
     if (!slots[s].live) {
+      guarded([&] { backend->clear_slot(static_cast<int>(s)); });
       slots[s].live = true;
       slots[s].length = slots[s].mtp_length = 0;
       slots[s].log_start = slots[s].log_tokens = 0;
-      gdn_state.clear(static_cast<int>(s));
       return static_cast<int>(s);
     }
   }
@@ -135,43 +140,44 @@ int Context::Impl::acquire_slot(const char* what) {
 }
 
 std::int64_t Context::Impl::pages_needed(int s, std::int64_t begin, std::int64_t end) const {
-  if (kv.capacity() == 0 || end <= begin) return 0;
+  if (pages.capacity() == 0 || end <= begin) return 0;
   const auto& table = page_tables[static_cast<std::size_t>(s)];
   const std::int64_t have = static_cast<std::int64_t>(table.size());
   const std::int64_t first = begin / p.kv_page_size, last = ceil_div(end, p.kv_page_size);  // pages [first, last)
   std::int64_t n = std::max<std::int64_t>(0, last - have);
   for (std::int64_t i = first; i < std::min(last, have); ++i)
-    if (kv.refcount(table[static_cast<std::size_t>(i)]) > 1) ++n;  // shared: copy before writing
+    if (pages.refcount(table[static_cast<std::size_t>(i)]) > 1) ++n;  // shared: copy before writing
   return n;
 }
 
 void Context::Impl::prepare_pages(int s, std::int64_t begin, std::int64_t end) {
-  if (kv.capacity() == 0 || end <= begin) return;
+  if (pages.capacity() == 0 || end <= begin) return;
   auto& table = page_tables[static_cast<std::size_t>(s)];
   const std::int64_t first = begin / p.kv_page_size, last = ceil_div(end, p.kv_page_size);
   for (std::int64_t i = first; i < std::min<std::int64_t>(last, static_cast<std::int64_t>(table.size())); ++i) {
     const std::int32_t old = table[static_cast<std::size_t>(i)];
-    if (kv.refcount(old) > 1) {
-      const std::int32_t fresh = kv.acquire();
-      kv.copy_page(old, fresh);
-      kv.release(old);
+    if (pages.refcount(old) > 1) {
+      const std::int32_t fresh = pages.acquire();
+      guarded([&] { backend->copy_kv_page(old, fresh); });
+      pages.release(old);
       table[static_cast<std::size_t>(i)] = fresh;
     }
   }
-  while (static_cast<std::int64_t>(table.size()) < last) table.push_back(kv.acquire());
+  while (static_cast<std::int64_t>(table.size()) < last) table.push_back(pages.acquire());
 }
 
 void Context::Impl::release_pages_from(int s, std::int64_t first_page) {
   auto& table = page_tables[static_cast<std::size_t>(s)];
-  for (std::size_t i = static_cast<std::size_t>(first_page); i < table.size(); ++i) kv.release(table[i]);
+  for (std::size_t i = static_cast<std::size_t>(first_page); i < table.size(); ++i) pages.release(table[i]);
   if (static_cast<std::size_t>(first_page) < table.size()) table.resize(static_cast<std::size_t>(first_page));
 }
 
 // Checks the whole batch without changing anything.
 void Context::Impl::validate(const Batch& batch, bool mtp) {
-  ++stamp;
-  std::int64_t pages = 0;
   const char* what = mtp ? "step_mtp" : "step";
+  check_usable(what);
+  ++stamp;
+  std::int64_t need = 0;
   for (const auto& e : batch.entries()) {
     const Slot& sl = slot_for(e.seq, what);
     const int s = handle_index(e.seq);
@@ -191,106 +197,22 @@ void Context::Impl::validate(const Batch& batch, bool mtp) {
       throw Error(Status::context_overflow,
                   fmt::format("{}: sequence {:#x} at position {} cannot take {} more tokens: max_context is {}", what,
                               e.seq, start, e.token_count, p.max_context));
-    pages += pages_needed(s, start, start + e.token_count);
+    need += pages_needed(s, start, start + e.token_count);
   }
-  if (pages > kv.free_pages())
+  if (need > pages.free_pages())
     throw Error(Status::out_of_capacity,
-                fmt::format("{}: the batch needs {} more KV pages but only {} are free", what, pages, kv.free_pages()));
+                fmt::format("{}: the batch needs {} more KV pages but only {} are free", what, need, pages.free_pages()));
 }
 
-void Context::Impl::norm_rows(const float* in, const std::vector<float>& scale, float* out, std::int64_t rows) {
-  const std::int64_t H = c.hidden_size;
-  pool.parallel_for(rows, 8, [&](std::int64_t r0, std::int64_t r1, int) {
-    for (std::int64_t r = r0; r < r1; ++r) layers::rms_norm(in + r * H, scale.data(), out + r * H, H, c.rms_norm_eps);
-  });
-}
-
-void Context::Impl::add_rows(float* acc, const float* d, std::int64_t rows) {
-  const std::int64_t n = rows * c.hidden_size;
-  for (std::int64_t i = 0; i < n; ++i) acc[i] += d[i];
-}
-
-void Context::Impl::rope_angles() {
-  const int half = c.rotary_dim / 2;
-  for (const auto& s : segs)
-    for (std::int64_t t = 0; t < s.n; ++t)
-      rope.angles(s.pos + t, cos.data() + (s.row + t) * half, sin.data() + (s.row + t) * half);
-}
-
-void Context::Impl::attention_and_mlp(cpu::Exec& ex, const DecoderLayerWeights& lw, int kv_layer, std::int64_t rows) {
-  const std::int64_t H = c.hidden_size;
-  layers::AttentionBuffers ab{proj.data(), ld_proj, aux.data(), core.data(), cos.data(), sin.data()};
-  layers::AttentionLayer(c, lw.attn, rope).forward(ex, segs, xn.data(), H, rows, mix.data(), H, kv, kv_layer, page_tables, ab);
-  add_rows(x.data(), mix.data(), rows);
-  mlp(ex, lw, rows);
-}
-
-void Context::Impl::mlp(cpu::Exec& ex, const DecoderLayerWeights& lw, std::int64_t rows) {
-  const std::int64_t H = c.hidden_size;
-  norm_rows(x.data(), lw.post_attention_norm_scale, xn.data(), rows);
-  layers::mlp_forward(ex, lw.mlp, xn.data(), H, rows, mix.data(), H, layers::MlpBuffers{proj.data(), ld_proj});
-  add_rows(x.data(), mix.data(), rows);
-}
-
-template <typename StateT>
-void Context::Impl::forward_layers(std::int64_t rows) {
-  cpu::Exec ex = exec();
-  const std::int64_t H = c.hidden_size;
-  rope_angles();
-  GdnStepLog* log = step_log.enabled() ? &step_log : nullptr;
-  for (int l = 0; l < c.num_layers; ++l) {
-    const auto& lw = w.layers[static_cast<std::size_t>(l)];
-    norm_rows(x.data(), lw.input_norm_scale, xn.data(), rows);
-    if (lw.kind == LayerKind::linear_attention) {
-      layers::GdnBuffers gb{proj.data(), ld_proj, fused.data(), ld_fused, aux.data(), gates.data(), U, core.data()};
-      const int g = gdn_index[static_cast<std::size_t>(l)];
-      if (p.faults.drop_conv_state)
-        for (const auto& sg : segs) std::fill_n(gdn_state.conv(sg.slot, g), gdn_state.conv_floats(), 0.0f);
-      layers::GatedDeltaNetLayer<StateT>(c, lw.gdn, p.faults.tiled_value_heads).forward(ex, segs, xn.data(), H, rows, mix.data(), H, gdn_state,
-                                                            gdn_index[static_cast<std::size_t>(l)], gb,
-                                                            p.gdn_chunk_min_tokens, log);
-      add_rows(x.data(), mix.data(), rows);
-      mlp(ex, lw, rows);
-    } else {
-      attention_and_mlp(ex, lw, kv_index[static_cast<std::size_t>(l)], rows);
-    }
-  }
-}
-
-// Final norm (given scale) and lm_head for the rows that asked for logits.
-void Context::Impl::emit_outputs(const std::vector<float>& final_scale) {
-  if (outputs.empty()) return;
-  cpu::Exec ex = exec();
-  const std::int64_t H = c.hidden_size, V = c.vocab_size;
-  pool.parallel_for(static_cast<std::int64_t>(outputs.size()), 4, [&](std::int64_t i0, std::int64_t i1, int) {
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const auto& o = outputs[static_cast<std::size_t>(i)];
-      layers::rms_norm(x.data() + o.ubatch_row * H, final_scale.data(), hidden_buf.data() + o.out_row * H, H, c.rms_norm_eps);
-    }
-  });
-  // Contiguous runs of rows that want logits go through lm_head together.
-  std::size_t i = 0;
-  while (i < outputs.size()) {
-    if (!outputs[i].logits) {
-      ++i;
-      continue;
-    }
-    std::size_t j = i + 1;
-    while (j < outputs.size() && outputs[j].logits && outputs[j].out_row == outputs[j - 1].out_row + 1) ++j;
-    const std::int64_t r0 = outputs[i].out_row;
-    ex.linear(w.lm_head, hidden_buf.data() + r0 * H, H, static_cast<std::int64_t>(j - i), logits_buf.data() + r0 * V, V);
-    i = j;
-  }
-}
-
-// Walks the batch in ubatches of at most U rows. fill(entry, token index, row) prepares a row;
-// run(rows) runs the layers and emits outputs.
-template <typename Fill, typename Run>
-void Context::Impl::for_each_ubatch(const Batch& batch, bool mtp, Fill&& fill, Run&& run) {
+// Walks the batch in passes of at most U rows, in batch order (so each pass's tokens, and the MTP
+// hidden rows, are one contiguous run of the batch's).
+void Context::Impl::run_passes(const Batch& batch, bool mtp, const float* hidden) {
   const auto entries = batch.entries();
-  const bool log = !mtp && step_log.enabled();
+  const std::int64_t U = p.max_batch_tokens, H = c.hidden_size;
+  const bool log = !mtp && p.max_rollback_tokens > 0;
+  const PassOutputs out{logits_buf.data(), hidden_buf.data()};
   std::size_t e = 0;
-  std::int64_t i = 0;
+  std::int64_t i = 0, first_token = 0;
   while (e < entries.size()) {
     segs.clear();
     outputs.clear();
@@ -300,15 +222,13 @@ void Context::Impl::for_each_ubatch(const Batch& batch, bool mtp, Fill&& fill, R
       const int s = handle_index(en.seq);
       const Slot& sl = slots[static_cast<std::size_t>(s)];
       // A sequence whose step fits the rollback log is never split across passes, so it is logged.
-      const bool loggable = log && i == 0 && en.token_count <= step_log.max_tokens();
-      if (loggable && rows > 0 && en.token_count > U - rows) break;
+      const bool record = log && i == 0 && en.token_count <= p.max_rollback_tokens;
+      if (record && rows > 0 && en.token_count > U - rows) break;
       const std::int64_t m = std::min(en.token_count - i, U - rows);
-      const bool record = loggable;
-      segs.push_back(cpu::Segment{s, rows, m, (mtp ? sl.mtp_length : sl.length) + i, record});
+      segs.push_back(PassSegment{s, rows, m, (mtp ? sl.mtp_length : sl.length) + i, record});
       for (std::int64_t t = 0; t < m; ++t) {
-        fill(en, i + t, rows + t);
-        const std::int64_t out = batch.output_row(e, i + t);
-        if (out >= 0) outputs.push_back(OutputRow{rows + t, out, batch.wants_logits(e, i + t)});
+        const std::int64_t o = batch.output_row(e, i + t);
+        if (o >= 0) outputs.push_back(PassOutput{rows + t, o, batch.wants_logits(e, i + t)});
       }
       rows += m;
       i += m;
@@ -317,7 +237,16 @@ void Context::Impl::for_each_ubatch(const Batch& batch, bool mtp, Fill&& fill, R
         i = 0;
       }
     }
-    run(rows);
+    PassPlan plan;
+    plan.mtp = mtp;
+    plan.rows = rows;
+    plan.tokens = batch.tokens().subspan(static_cast<std::size_t>(first_token), static_cast<std::size_t>(rows));
+    plan.hidden = mtp ? hidden + first_token * H : nullptr;
+    plan.segments = segs;
+    plan.outputs = outputs;
+    plan.page_tables = page_tables;
+    guarded([&] { backend->forward(plan, out); });
+    first_token += rows;
   }
 }
 
@@ -329,20 +258,10 @@ void Context::Impl::step(const Batch& batch) {
     const auto& sl = slots[static_cast<std::size_t>(s)];
     prepare_pages(s, sl.length, sl.length + en.token_count);
   }
-  const std::int64_t H = c.hidden_size;
-  for_each_ubatch(
-      batch, false,
-      [&](const Batch::Entry& en, std::int64_t i, std::int64_t row) {
-        cpu::gather_row(w.embed_tokens, batch.tokens()[static_cast<std::size_t>(en.token_begin + i)], x.data() + row * H);
-      },
-      [&](std::int64_t rows) {
-        if (gdn_state.state_dtype() == DType::bf16) forward_layers<bf16>(rows);
-        else forward_layers<float>(rows);
-        emit_outputs(w.final_norm_scale);
-      });
+  run_passes(batch, false, nullptr);
   for (const auto& en : batch.entries()) {
     Slot& sl = slots[static_cast<std::size_t>(handle_index(en.seq))];
-    const bool logged = step_log.enabled() && en.token_count <= step_log.max_tokens();
+    const bool logged = p.max_rollback_tokens > 0 && en.token_count <= p.max_rollback_tokens;
     sl.log_start = sl.length;
     sl.log_tokens = logged ? en.token_count : 0;
     sl.length += en.token_count;
@@ -351,6 +270,7 @@ void Context::Impl::step(const Batch& batch) {
 }
 
 void Context::Impl::step_mtp(const Batch& batch, std::span<const float> hidden) {
+  check_usable("step_mtp");
   if (!model->has_mtp()) throw Error(Status::unsupported_model, fmt::format("step_mtp: '{}' has no MTP head", model->dir()));
   const std::int64_t H = c.hidden_size;
   if (static_cast<std::int64_t>(hidden.size()) != batch.token_count() * H)
@@ -363,30 +283,13 @@ void Context::Impl::step_mtp(const Batch& batch, std::span<const float> hidden) 
     const auto& sl = slots[static_cast<std::size_t>(s)];
     prepare_pages(s, sl.mtp_length, sl.mtp_length + en.token_count);
   }
-  const MtpWeights& m = *w.mtp;
-  for_each_ubatch(
-      batch, true,
-      [&](const Batch::Entry& en, std::int64_t i, std::int64_t row) {
-        // fc input: [norm(embedding) ; norm(hidden)], embedding first.
-        float* in = proj.data() + row * ld_proj;
-        cpu::gather_row(w.embed_tokens, batch.tokens()[static_cast<std::size_t>(en.token_begin + i)], xn.data() + row * H);
-        layers::rms_norm(xn.data() + row * H, m.pre_fc_norm_embedding_scale.data(), in, H, c.rms_norm_eps);
-        layers::rms_norm(hidden.data() + (en.token_begin + i) * H, m.pre_fc_norm_hidden_scale.data(), in + H, H,
-                         c.rms_norm_eps);
-      },
-      [&](std::int64_t rows) {
-        cpu::Exec ex = exec();
-        ex.linear(m.fc, proj.data(), ld_proj, rows, x.data(), H);
-        rope_angles();
-        norm_rows(x.data(), m.layer.input_norm_scale, xn.data(), rows);
-        attention_and_mlp(ex, m.layer, mtp_kv_layer, rows);
-        emit_outputs(m.norm_scale);
-      });
+  run_passes(batch, true, hidden.data());
   for (const auto& en : batch.entries()) slots[static_cast<std::size_t>(handle_index(en.seq))].mtp_length += en.token_count;
   set_output_flags(batch);
 }
 
 void Context::Impl::rollback(SeqId seq, std::int64_t keep) {
+  check_usable("rollback");
   Slot& sl = slot_for(seq, "rollback");
   const int s = handle_index(seq);
   if (sl.log_tokens == 0 || sl.length != sl.log_start + sl.log_tokens)
@@ -398,17 +301,7 @@ void Context::Impl::rollback(SeqId seq, std::int64_t keep) {
     throw Error(Status::invalid_argument,
                 fmt::format("rollback: keep = {} is outside [0, {}] for sequence {:#x}", keep, sl.log_tokens, seq));
   if (keep < sl.log_tokens) {
-    cpu::Exec ex = exec();
-    layers::GdnBuffers gb{proj.data(), ld_proj, fused.data(), ld_fused, aux.data(), gates.data(), U, core.data()};
-    for (int l = 0; l < c.num_layers; ++l) {
-      const int g = gdn_index[static_cast<std::size_t>(l)];
-      if (g < 0) continue;
-      const auto& lw = w.layers[static_cast<std::size_t>(l)];
-      if (gdn_state.state_dtype() == DType::bf16)
-        layers::GatedDeltaNetLayer<bf16>(c, lw.gdn, p.faults.tiled_value_heads).replay(ex, s, keep, gdn_state, g, step_log, gb, p.gdn_chunk_min_tokens);
-      else
-        layers::GatedDeltaNetLayer<float>(c, lw.gdn, p.faults.tiled_value_heads).replay(ex, s, keep, gdn_state, g, step_log, gb, p.gdn_chunk_min_tokens);
-    }
+    guarded([&] { backend->rollback(s, keep); });
     // Attention KV beyond the kept positions is simply overwritten later.
     sl.length = sl.log_start + keep;
     release_pages_from(s, ceil_div(covered_positions(sl), p.kv_page_size));
@@ -419,11 +312,13 @@ void Context::Impl::rollback(SeqId seq, std::int64_t keep) {
 }
 
 Context::Context(std::shared_ptr<const Model> model, const ContextParams& params)
-    : impl_(std::make_unique<Impl>(std::move(model), params)) {}
+    : impl_(std::make_unique<Impl>(std::move(model), params, ContextHooks{})) {}
+Context::Context(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Context::~Context() = default;
 
 const Model& Context::model() const noexcept { return *impl_->model; }
 const ContextParams& Context::params() const noexcept { return impl_->p; }
+bool Context::usable() const noexcept { return impl_->failure.empty(); }
 
 SeqId Context::create_sequence() {
   const int s = impl_->acquire_slot("create_sequence");
@@ -431,10 +326,11 @@ SeqId Context::create_sequence() {
 }
 
 void Context::reset_sequence(SeqId seq) {
+  impl_->check_usable("reset_sequence");
   auto& sl = impl_->slot_for(seq, "reset_sequence");
   const int s = handle_index(seq);
+  impl_->guarded([&] { impl_->backend->clear_slot(s); });
   impl_->release_pages(s);
-  impl_->gdn_state.clear(s);
   sl.length = sl.mtp_length = sl.log_start = sl.log_tokens = 0;
 }
 
@@ -442,7 +338,6 @@ void Context::free_sequence(SeqId seq) {
   auto& sl = impl_->slot_for(seq, "free_sequence");
   const int s = handle_index(seq);
   impl_->release_pages(s);
-  impl_->gdn_state.clear(s);
   sl = Impl::Slot{};
   sl.generation = handle_generation(seq) + 1;
 }
@@ -488,18 +383,24 @@ std::span<const float> Context::hidden(std::int64_t row) const {
   return {impl_->hidden_buf.data() + static_cast<std::size_t>(row) * H, H};
 }
 
-std::int64_t Context::gdn_state_bytes_per_sequence() const noexcept { return impl_->gdn_state.bytes_per_sequence(); }
-std::int64_t Context::snapshot_bytes() const noexcept { return impl_->gdn_state.bytes_per_sequence(); }
-std::int64_t Context::rollback_bytes_per_sequence() const noexcept {
-  return impl_->step_log.enabled() ? impl_->step_log.bytes_per_sequence() : 0;
+std::int64_t Context::gdn_state_bytes_per_sequence() const noexcept {
+  const auto& l = impl_->backend->layout();
+  return l.conv_bytes_per_slot() + l.recurrent_bytes_per_slot();
+}
+std::int64_t Context::snapshot_bytes() const noexcept { return gdn_state_bytes_per_sequence(); }
+std::int64_t Context::rollback_bytes_per_sequence() const noexcept { return impl_->backend->rollback_bytes_per_sequence(); }
+std::int64_t Context::kv_bytes_per_token() const noexcept { return impl_->backend->kv_bytes_per_token(); }
+std::int64_t Context::kv_free_pages() const noexcept { return impl_->pages.free_pages(); }
+
+namespace detail {
+
+std::unique_ptr<Context> make_context_for_tests(std::shared_ptr<const Model> model, const ContextParams& params,
+                                                const FaultInjection& faults) {
+  ContextHooks hooks;
+  hooks.tiled_value_heads = faults.tiled_value_heads;
+  hooks.drop_conv_state = faults.drop_conv_state;
+  return std::unique_ptr<Context>(new Context(std::make_unique<Context::Impl>(std::move(model), params, hooks)));
 }
 
-std::int64_t Context::kv_bytes_per_token() const noexcept {
-  const auto& c = impl_->c;
-  const std::int64_t layers = c.count_layers(LayerKind::full_attention) + (impl_->model->has_mtp() ? 1 : 0);
-  return layers * 2 * c.attn_kv_dim() * static_cast<std::int64_t>(sizeof(float));
-}
-
-std::int64_t Context::kv_free_pages() const noexcept { return impl_->kv.free_pages(); }
-
+}  // namespace detail
 }  // namespace gdn

@@ -1,23 +1,21 @@
-#pragma once
-// Vectorised float helpers for the CPU layers: dot products, axpy, and exp / SiLU / sigmoid over
-// arrays. Compiled for the vector unit the translation unit targets (AVX-512 or AVX2 with
-// GDN_NATIVE, else plain loops the compiler may vectorise).
+// Vectorised float helpers for the CPU kernels: dot products, axpy, and exp / SiLU / sigmoid over
+// arrays. A fragment of a target region (target_begin.hpp): compiled once per CPU target, with the
+// AVX-512 paths in the avx512 target and plain loops (which the compiler vectorises for the
+// target's vector unit) elsewhere.
 //
 // Every function is a fixed sequence of operations for a given length, so a row's result never
 // depends on which other rows are processed with it. exp is the Cephes single-precision
 // polynomial (≤ 2 ulp on its range, clamped to [-87.3, 88.7] like expf's finite range); SiLU and
 // sigmoid use it in the forms torch uses, x / (1 + e^-x) and 1 / (1 + e^-x).
 
-#include <cmath>
-#include <cstdint>
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
+#if !defined(GDN_CPU_TARGET_REGION)
+#error "a fragment of a CPU target region: include it from forward_impl.hpp"
 #endif
 
-namespace gdn::cpu::vec {
+namespace vec {
 
-#if defined(__AVX512F__)
+
+#if GDN_CPU_AVX512
 inline __m512 exp16(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -54,7 +52,7 @@ inline float exp1(float x) {
 inline float exp_shift_sum(float* x, std::int64_t n, float shift) {
   std::int64_t i = 0;
   float total = 0.0f;
-#if defined(__AVX512F__)
+#if GDN_CPU_AVX512
   __m512 acc = _mm512_setzero_ps();
   const __m512 s = _mm512_set1_ps(shift);
   for (; i + 16 <= n; i += 16) {
@@ -78,7 +76,7 @@ inline float exp_shift_sum(float* x, std::int64_t n, float shift) {
 // g[i] = silu(g[i]) * u[i]  (SwiGLU)
 inline void silu_mul(float* g, const float* u, std::int64_t n) {
   std::int64_t i = 0;
-#if defined(__AVX512F__)
+#if GDN_CPU_AVX512
   const __m512 one = _mm512_set1_ps(1.0f);
   for (; i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(g + i);
@@ -92,7 +90,7 @@ inline void silu_mul(float* g, const float* u, std::int64_t n) {
 // x[i] = silu(x[i])
 inline void silu_inplace(float* x, std::int64_t n) {
   std::int64_t i = 0;
-#if defined(__AVX512F__)
+#if GDN_CPU_AVX512
   const __m512 one = _mm512_set1_ps(1.0f);
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_loadu_ps(x + i);
@@ -105,7 +103,7 @@ inline void silu_inplace(float* x, std::int64_t n) {
 // o[i] *= sigmoid(gate[i])
 inline void mul_sigmoid(float* o, const float* gate, std::int64_t n) {
   std::int64_t i = 0;
-#if defined(__AVX512F__)
+#if GDN_CPU_AVX512
   const __m512 one = _mm512_set1_ps(1.0f);
   for (; i + 16 <= n; i += 16) {
     const __m512 z = _mm512_loadu_ps(gate + i);
@@ -119,7 +117,7 @@ inline void mul_sigmoid(float* o, const float* gate, std::int64_t n) {
 // y[i] = x[i] * r * w[i] * silu(z[i])  (the GDN gated norm, after its rms factor r)
 inline void scale_silu_gate(const float* x, float r, const float* w, const float* z, float* y, std::int64_t n) {
   std::int64_t i = 0;
-#if defined(__AVX512F__)
+#if GDN_CPU_AVX512
   const __m512 one = _mm512_set1_ps(1.0f), rv = _mm512_set1_ps(r);
   for (; i + 16 <= n; i += 16) {
     const __m512 zz = _mm512_loadu_ps(z + i);
@@ -135,7 +133,7 @@ inline void scale_silu_gate(const float* x, float r, const float* w, const float
 inline float dot(const float* a, const float* b, std::int64_t n) {
   std::int64_t i = 0;
   float total = 0.0f;
-#if defined(__AVX512F__)
+#if GDN_CPU_AVX512
   __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
   for (; i + 64 <= n; i += 64) {
     s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
@@ -176,7 +174,7 @@ inline void scale(float* y, float a, std::int64_t n) {
 template <typename AF>
 inline void gemm_bcast(int M, int N, int K, AF&& a, const float* B, std::int64_t ldb, float* C, std::int64_t ldc,
                        bool accumulate, float cscale = 1.0f) {
-#if defined(__AVX512F__)
+#if GDN_CPU_AVX512
   const auto block = [&]<int MI, int NB>(int i0, int n0) {
     __m512 acc[MI][NB];
     for (int i = 0; i < MI; ++i)
@@ -215,4 +213,4 @@ inline void gemm_bcast(int M, int N, int K, AF&& a, const float* B, std::int64_t
   }
 }
 
-}  // namespace gdn::cpu::vec
+}  // namespace vec

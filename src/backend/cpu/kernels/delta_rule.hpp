@@ -1,4 +1,3 @@
-#pragma once
 // The gated delta rule, the recurrence at the heart of a Gated DeltaNet layer, for one value head.
 // State S is dk×dv, key-major (S[a][b], a over key dims), float32, as in transformers.
 //
@@ -14,34 +13,20 @@
 // T⁻¹ is applied by forward substitution (T is unit lower triangular). Both forms are exact
 // rewrites of each other; tests hold them to float32 rounding.
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <vector>
+// A fragment of a target region; DeltaRuleInput and DeltaRuleScratch are in cpu_state.hpp.
 
-#include "gdn/backend/cpu/vec_math.hpp"
+#if !defined(GDN_CPU_TARGET_REGION)
+#error "a fragment of a CPU target region: include it from forward_impl.hpp"
+#endif
 
-namespace gdn::layers {
-
-// One head's inputs for n consecutive tokens. Row r of q is q + r*q_stride, and so on.
-struct DeltaRuleInput {
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  std::int64_t q_stride = 0, k_stride = 0, v_stride = 0;
-  const float* g = nullptr;     // log-decay per token (≤ 0), contiguous
-  const float* beta = nullptr;  // write strength per token, contiguous
-  int dk = 0;
-  int dv = 0;
-};
-
-inline void delta_rule_recurrent(const DeltaRuleInput& in, std::int64_t n, float* S, float* o, std::int64_t o_stride) {
+inline void delta_rule_recurrent(const DeltaRuleInput& in, std::int64_t n, float* S, float* o, std::int64_t o_stride,
+                                 DeltaRuleScratch& ws) {
   // Fused per head: one read-only sweep over S for Sᵀk and Sᵀq, then one read-modify-write sweep,
   // using S' = d·S + k·δᵀ with δ = β(v − d·Sᵀk), hence S'ᵀq = d·Sᵀq + (k·q)·δ.
   const int dk = in.dk, dv = in.dv;
-  float ks[512];
-  float qs[512];
-  float delta[512];
+  float* ks = ws.sk.data();  // [dv] each: sized by reserve(), any head size
+  float* qs = ws.sq.data();
+  float* delta = ws.du.data();
   for (std::int64_t t = 0; t < n; ++t) {
     const float* q = in.q + t * in.q_stride;
     const float* k = in.k + t * in.k_stride;
@@ -58,7 +43,7 @@ inline void delta_rule_recurrent(const DeltaRuleInput& in, std::int64_t n, float
         qs[b] += qa * row[b];
       }
     }
-    const float qk = cpu::vec::dot(q, k, dk);
+    const float qk = vec::dot(q, k, dk);
     float* out = o + t * o_stride;
     for (int b = 0; b < dv; ++b) {
       delta[b] = beta * (v[b] - decay * ks[b]);
@@ -71,23 +56,6 @@ inline void delta_rule_recurrent(const DeltaRuleInput& in, std::int64_t n, float
     }
   }
 }
-
-// Working memory for delta_rule_chunked, for one thread. Sized once; the kernel never allocates.
-class DeltaRuleScratch {
- public:
-  static constexpr int chunk = 64;
-  void reserve(int dk, int dv) {
-    const std::size_t c = chunk;
-    gamma.resize(c);
-    eg.resize(c);
-    el.resize(c);
-    A.resize(c * c);
-    QK.resize(c * c);
-    U.resize(c * static_cast<std::size_t>(dv));
-    W.resize(c * static_cast<std::size_t>(dk));
-  }
-  std::vector<float> gamma, eg, el, A, QK, U, W;
-};
 
 // The chunk's matrix products run as small register-blocked GEMMs (vec::gemm_bcast); only the
 // forward substitution is row by row.
@@ -122,8 +90,8 @@ inline void delta_rule_chunked(const DeltaRuleInput& in, std::int64_t n, float* 
     for (int i = 0; i < m; ++i) {
       for (int j = 0; j <= i; ++j) {
         const float decay = std::exp(gamma[i] - gamma[j]);
-        if (j < i) A[i * C + j] = beta[i] * cpu::vec::dot(k(i), k(j), dk) * decay;
-        QK[i * C + j] = cpu::vec::dot(q(i), k(j), dk) * decay;
+        if (j < i) A[i * C + j] = beta[i] * vec::dot(k(i), k(j), dk) * decay;
+        QK[i * C + j] = vec::dot(q(i), k(j), dk) * decay;
       }
       for (int j = i + 1; j < m; ++j) QK[i * C + j] = 0.0f;
     }
@@ -136,18 +104,17 @@ inline void delta_rule_chunked(const DeltaRuleInput& in, std::int64_t n, float* 
       for (int b = 0; b < dv; ++b) u[b] = bi * v(i)[b];
       for (int a = 0; a < dk; ++a) w[a] = bei * k(i)[a];
       const float* ai = A + i * C;
-      cpu::vec::gemm_bcast(1, dv, i, [&](int, int j) { return -ai[j]; }, U, dv, u, dv, true);
-      cpu::vec::gemm_bcast(1, dk, i, [&](int, int j) { return -ai[j]; }, W, dk, w, dk, true);
+      vec::gemm_bcast(1, dv, i, [&](int, int j) { return -ai[j]; }, U, dv, u, dv, true);
+      vec::gemm_bcast(1, dk, i, [&](int, int j) { return -ai[j]; }, W, dk, w, dk, true);
     }
     // Inter-chunk output (exp(γ) ⊙ Q)·S, then Vn = U − W·S in place.
-    cpu::vec::gemm_bcast(m, dv, dk, [&](int i, int a) { return q(i)[a] * eg[i]; }, S, dv, out0, o_stride, false);
-    cpu::vec::gemm_bcast(m, dv, dk, [&](int i, int a) { return -W[i * dk + a]; }, S, dv, U, dv, true);
+    vec::gemm_bcast(m, dv, dk, [&](int i, int a) { return q(i)[a] * eg[i]; }, S, dv, out0, o_stride, false);
+    vec::gemm_bcast(m, dv, dk, [&](int i, int a) { return -W[i * dk + a]; }, S, dv, U, dv, true);
     // Intra-chunk output: O += (Q·Kᵀ ⊙ Γ ⊙ causal)·Vn.
-    cpu::vec::gemm_bcast(m, dv, m, [&](int i, int j) { return QK[i * C + j]; }, U, dv, out0, o_stride, true);
+    vec::gemm_bcast(m, dv, m, [&](int i, int j) { return QK[i * C + j]; }, U, dv, out0, o_stride, true);
     // State update: S ← exp(γ_last)·S + (exp(γ_last − γ) ⊙ K)ᵀ·Vn.
-    cpu::vec::gemm_bcast(dk, dv, m, [&](int a, int j) { return k(j)[a] * el[j]; }, U, dv, S, dv, true,
+    vec::gemm_bcast(dk, dv, m, [&](int a, int j) { return k(j)[a] * el[j]; }, U, dv, S, dv, true,
                          std::exp(gamma[m - 1]));
   }
 }
 
-}  // namespace gdn::layers

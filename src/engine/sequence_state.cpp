@@ -15,27 +15,6 @@ namespace {
 
 using Impl = Context::Impl;
 
-std::int64_t recurrent_bytes(const GdnStatePool& pool) {
-  return pool.recurrent_elements() * static_cast<std::int64_t>(dtype_size(pool.state_dtype()));
-}
-
-// Copies slot `s`'s GDN state out to / in from flat buffers covering all GDN layers.
-void save_gdn(GdnStatePool& pool, int s, std::vector<float>& conv, std::vector<std::byte>& rec, int layers) {
-  conv.resize(static_cast<std::size_t>(layers * pool.conv_floats()));
-  rec.resize(static_cast<std::size_t>(layers * recurrent_bytes(pool)));
-  if (layers == 0) return;
-  std::copy_n(pool.conv(s, 0), conv.size(), conv.data());
-  std::copy_n(pool.recurrent(s, 0), rec.size(), rec.data());
-}
-
-void load_gdn(GdnStatePool& pool, int s, const float* conv, const std::byte* rec, int layers) {
-  if (layers == 0) return;
-  std::copy_n(conv, layers * pool.conv_floats(), pool.conv(s, 0));
-  std::copy_n(rec, layers * recurrent_bytes(pool), pool.recurrent(s, 0));
-}
-
-int gdn_layers(const ModelConfig& c) { return c.count_layers(LayerKind::linear_attention); }
-
 }  // namespace
 
 Impl::Snapshot& Impl::snapshot_for(SnapshotId id, const char* what) {
@@ -48,8 +27,11 @@ Impl::Snapshot& Impl::snapshot_for(SnapshotId id, const char* what) {
 
 SnapshotId Context::snapshot(SeqId seq) {
   Impl& m = *impl_;
+  m.check_usable("snapshot");
   const auto& sl = m.slot_for(seq, "snapshot");
   const int s = handle_index(seq);
+  std::unique_ptr<StateCopy> state;
+  m.guarded([&] { state = m.backend->save_slot(s); });  // first: a failure leaves no snapshot behind
   std::size_t i = 0;
   while (i < m.snapshots.size() && m.snapshots[i].live) ++i;
   if (i == m.snapshots.size()) m.snapshots.emplace_back();
@@ -57,31 +39,33 @@ SnapshotId Context::snapshot(SeqId seq) {
   snap.live = true;
   snap.length = sl.length;
   snap.mtp_length = sl.mtp_length;
-  save_gdn(m.gdn_state, s, snap.conv, snap.recurrent, gdn_layers(m.c));
+  snap.state = std::move(state);
   snap.pages = m.page_tables[static_cast<std::size_t>(s)];
-  for (const auto page : snap.pages) m.kv.retain(page);
+  for (const auto page : snap.pages) m.pages.retain(page);
   return make_handle(static_cast<int>(i), snap.generation);
 }
 
 void Context::free_snapshot(SnapshotId id) {
   Impl& m = *impl_;
   Impl::Snapshot& snap = m.snapshot_for(id, "free_snapshot");
-  for (const auto page : snap.pages) m.kv.release(page);
+  for (const auto page : snap.pages) m.pages.release(page);
   snap.pages.clear();
+  snap.state.reset();
   snap.live = false;
   ++snap.generation;
 }
 
 void Context::restore(SeqId seq, SnapshotId id) {
   Impl& m = *impl_;
+  m.check_usable("restore");
   auto& sl = m.slot_for(seq, "restore");
   const Impl::Snapshot& snap = m.snapshot_for(id, "restore");
   const int s = handle_index(seq);
+  m.guarded([&] { m.backend->restore_slot(s, *snap.state); });
   // Retain first: restoring a sequence from a snapshot of itself must not free shared pages.
-  for (const auto page : snap.pages) m.kv.retain(page);
+  for (const auto page : snap.pages) m.pages.retain(page);
   m.release_pages(s);
   m.page_tables[static_cast<std::size_t>(s)] = snap.pages;  // capacity was reserved up front
-  load_gdn(m.gdn_state, s, snap.conv.data(), snap.recurrent.data(), gdn_layers(m.c));
   sl.length = snap.length;
   sl.mtp_length = snap.mtp_length;
   sl.log_start = sl.log_tokens = 0;
@@ -102,13 +86,14 @@ SeqId Context::fork_sequence(SeqId src) {
   auto& sl = m.slots[static_cast<std::size_t>(s)];
   sl.length = from.length;
   sl.mtp_length = from.mtp_length;
-  const int layers = gdn_layers(m.c);
-  if (layers > 0) {
-    std::copy_n(m.gdn_state.conv(s_from, 0), layers * m.gdn_state.conv_floats(), m.gdn_state.conv(s, 0));
-    std::copy_n(m.gdn_state.recurrent(s_from, 0), layers * recurrent_bytes(m.gdn_state), m.gdn_state.recurrent(s, 0));
+  try {
+    m.guarded([&] { m.backend->copy_slot(s_from, s); });
+  } catch (...) {
+    sl = Impl::Slot{.generation = sl.generation};
+    throw;
   }
   m.page_tables[static_cast<std::size_t>(s)] = m.page_tables[static_cast<std::size_t>(s_from)];
-  for (const auto page : m.page_tables[static_cast<std::size_t>(s)]) m.kv.retain(page);
+  for (const auto page : m.page_tables[static_cast<std::size_t>(s)]) m.pages.retain(page);
   return make_handle(s, sl.generation);
 }
 
@@ -124,35 +109,39 @@ void Context::truncate_mtp(SeqId seq, std::int64_t mtp_length) {
 
 void Context::save_sequence(SeqId seq, const std::string& path) const {
   Impl& m = *impl_;
+  m.check_usable("save_sequence");
   const auto& sl = m.slot_for(seq, "save_sequence");
   const int s = handle_index(seq);
+  const StateLayout& l = m.backend->layout();
   StateFileHeader h;
   h.fingerprint = model_fingerprint(*m.model);
-  h.state_dtype = m.gdn_state.state_dtype();
+  h.state_dtype = l.state_dtype;
   h.length = sl.length;
   h.mtp_length = sl.mtp_length;
-  h.gdn_layers = gdn_layers(m.c);
-  h.conv_floats = m.gdn_state.conv_floats();
-  h.recurrent_elements = m.gdn_state.recurrent_elements();
-  const int kv_layers = m.kv.capacity() > 0 ? m.c.count_layers(LayerKind::full_attention) + (m.mtp_kv_layer >= 0 ? 1 : 0) : 0;
-  h.kv_layers = kv_layers;
-  h.kv_dim = m.c.attn_kv_dim();
+  h.gdn_layers = l.gdn_layers;
+  h.conv_floats = l.conv_floats;
+  h.recurrent_elements = l.recurrent_elements;
+  h.kv_layers = l.kv_layers;
+  h.kv_dim = l.kv_dim;
   h.kv_positions = m.covered_positions(sl);
-  std::vector<float> conv;
-  std::vector<std::byte> rec;
-  save_gdn(m.gdn_state, s, conv, rec, static_cast<int>(h.gdn_layers));
+  std::vector<float> conv(static_cast<std::size_t>(l.gdn_layers * l.conv_floats));
+  std::vector<std::byte> rec(static_cast<std::size_t>(l.recurrent_bytes_per_slot()));
+  m.guarded([&] { m.backend->read_slot(s, conv.data(), rec.data()); });
   // KV laid out [layer][key|value][position][kv_head][head_dim], independent of the page size.
   const int hd = m.c.head_dim, Hkv = m.c.num_key_value_heads, ps = m.p.kv_page_size;
-  std::vector<float> kv(static_cast<std::size_t>(kv_layers * 2 * h.kv_positions * h.kv_dim));
+  std::vector<float> kv(static_cast<std::size_t>(l.kv_layers * 2 * h.kv_positions * h.kv_dim));
+  std::vector<float> page_buf(static_cast<std::size_t>(l.kv_page_floats()));
   const auto& table = m.page_tables[static_cast<std::size_t>(s)];
-  for (int l = 0; l < kv_layers; ++l)
-    for (int which = 0; which < 2; ++which)
-      for (std::int64_t pos = 0; pos < h.kv_positions; ++pos)
-        for (int g = 0; g < Hkv; ++g) {
-          const std::int32_t page = table[static_cast<std::size_t>(pos / ps)];
-          const float* src = (which == 0 ? m.kv.keys(page, l, g) : m.kv.values(page, l, g)) + (pos % ps) * hd;
-          std::copy_n(src, hd, kv.data() + (((static_cast<std::int64_t>(l) * 2 + which) * h.kv_positions + pos) * Hkv + g) * hd);
-        }
+  for (std::int64_t pg = 0; pg * ps < h.kv_positions && l.kv_layers > 0; ++pg) {
+    m.guarded([&] { m.backend->read_kv_page(table[static_cast<std::size_t>(pg)], page_buf.data()); });
+    for (int layer = 0; layer < l.kv_layers; ++layer)
+      for (int which = 0; which < 2; ++which)
+        for (int g = 0; g < Hkv; ++g)
+          for (std::int64_t pos = pg * ps; pos < std::min<std::int64_t>(h.kv_positions, (pg + 1) * ps); ++pos) {
+            const float* src = page_buf.data() + (((static_cast<std::int64_t>(layer) * 2 + which) * Hkv + g) * ps + pos % ps) * hd;
+            std::copy_n(src, hd, kv.data() + (((static_cast<std::int64_t>(layer) * 2 + which) * h.kv_positions + pos) * Hkv + g) * hd);
+          }
+  }
   const std::string bytes = encode_state_file(h, std::as_bytes(std::span(conv)), rec, std::as_bytes(std::span(kv)));
   // Atomic: write a temporary file in the same directory, flush it to disk, then rename.
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -174,43 +163,57 @@ void Context::save_sequence(SeqId seq, const std::string& path) const {
 
 SeqId Context::load_sequence(const std::string& path) {
   Impl& m = *impl_;
+  m.check_usable("load_sequence");
   const io::MappedFile file(path);
   const StateFileHeader h = parse_state_file(file.bytes(), path);
+  const StateLayout& l = m.backend->layout();
   // Compatibility with this model and context, before any state is touched.
   const auto mismatch = [&](const std::string& why) {
     throw Error(Status::invalid_argument, fmt::format("load_sequence: '{}' does not fit this context: {}", path, why));
   };
   if (h.fingerprint != model_fingerprint(*m.model)) mismatch("it was saved from a different model");
-  if (h.state_dtype != m.gdn_state.state_dtype())
-    mismatch(fmt::format("its state dtype is {}, the context's is {}", dtype_name(h.state_dtype), dtype_name(m.gdn_state.state_dtype())));
-  const int kv_layers = m.kv.capacity() > 0 ? m.c.count_layers(LayerKind::full_attention) + (m.mtp_kv_layer >= 0 ? 1 : 0) : 0;
-  if (h.gdn_layers != gdn_layers(m.c) || h.conv_floats != m.gdn_state.conv_floats() ||
-      h.recurrent_elements != m.gdn_state.recurrent_elements() || h.kv_layers != kv_layers || h.kv_dim != m.c.attn_kv_dim())
+  if (h.state_dtype != l.state_dtype)
+    mismatch(fmt::format("its state dtype is {}, the context's is {}", dtype_name(h.state_dtype), dtype_name(l.state_dtype)));
+  if (h.gdn_layers != l.gdn_layers || h.conv_floats != l.conv_floats || h.recurrent_elements != l.recurrent_elements ||
+      h.kv_layers != l.kv_layers || h.kv_dim != l.kv_dim)
     mismatch("its shapes differ");
   if (std::max(h.length, h.mtp_length) > m.p.max_context)
     throw Error(Status::context_overflow, fmt::format("load_sequence: '{}' holds {} positions; max_context is {}", path,
                                                       std::max(h.length, h.mtp_length), m.p.max_context));
-  const std::int64_t pages = kv_layers > 0 ? ceil_div(h.kv_positions, m.p.kv_page_size) : 0;
-  if (pages > m.kv.free_pages())
-    throw Error(Status::out_of_capacity, fmt::format("load_sequence: needs {} KV pages, {} free", pages, m.kv.free_pages()));
+  const std::int64_t n_pages = h.kv_layers > 0 ? ceil_div(h.kv_positions, m.p.kv_page_size) : 0;
+  if (n_pages > m.pages.free_pages())
+    throw Error(Status::out_of_capacity, fmt::format("load_sequence: needs {} KV pages, {} free", n_pages, m.pages.free_pages()));
   const int s = m.acquire_slot("load_sequence");
   auto& sl = m.slots[static_cast<std::size_t>(s)];
   const std::byte* base = file.bytes().data();
-  load_gdn(m.gdn_state, s, reinterpret_cast<const float*>(base + h.conv.offset), base + h.recurrent.offset,
-           static_cast<int>(h.gdn_layers));
-  m.prepare_pages(s, 0, h.kv_positions);
+  // The file's sections are not aligned for float; copy the conv section out.
+  std::vector<float> conv(static_cast<std::size_t>(h.conv.bytes / sizeof(float)));
+  std::memcpy(conv.data(), base + h.conv.offset, h.conv.bytes);
   const int hd = m.c.head_dim, Hkv = m.c.num_key_value_heads, ps = m.p.kv_page_size;
-  const float* kv = reinterpret_cast<const float*>(base + h.kv.offset);
-  const auto& table = m.page_tables[static_cast<std::size_t>(s)];
-  for (int l = 0; l < kv_layers; ++l)
-    for (int which = 0; which < 2; ++which)
-      for (std::int64_t pos = 0; pos < h.kv_positions; ++pos)
-        for (int g = 0; g < Hkv; ++g) {
-          const std::int32_t page = table[static_cast<std::size_t>(pos / ps)];
-          float* dst = (which == 0 ? m.kv.keys(page, l, g) : m.kv.values(page, l, g)) + (pos % ps) * hd;
-          std::memcpy(dst, kv + (((static_cast<std::int64_t>(l) * 2 + which) * h.kv_positions + pos) * Hkv + g) * hd,
-                      static_cast<std::size_t>(hd) * sizeof(float));
-        }
+  try {
+    m.guarded([&] { m.backend->write_slot(s, conv.data(), base + h.recurrent.offset); });
+    m.prepare_pages(s, 0, h.kv_positions);
+    const auto& table = m.page_tables[static_cast<std::size_t>(s)];
+    std::vector<float> page_buf(static_cast<std::size_t>(l.kv_page_floats()));
+    for (std::int64_t pg = 0; pg < n_pages; ++pg) {
+      std::fill(page_buf.begin(), page_buf.end(), 0.0f);
+      for (int layer = 0; layer < l.kv_layers; ++layer)
+        for (int which = 0; which < 2; ++which)
+          for (int g = 0; g < Hkv; ++g)
+            for (std::int64_t pos = pg * ps; pos < std::min<std::int64_t>(h.kv_positions, (pg + 1) * ps); ++pos) {
+              float* dst = page_buf.data() + (((static_cast<std::int64_t>(layer) * 2 + which) * Hkv + g) * ps + pos % ps) * hd;
+              std::memcpy(dst,
+                          base + h.kv.offset +
+                              (((static_cast<std::int64_t>(layer) * 2 + which) * h.kv_positions + pos) * Hkv + g) * hd * 4,
+                          static_cast<std::size_t>(hd) * sizeof(float));
+            }
+      m.guarded([&] { m.backend->write_kv_page(table[static_cast<std::size_t>(pg)], page_buf.data()); });
+    }
+  } catch (...) {
+    m.release_pages(s);
+    sl = Impl::Slot{.generation = sl.generation};
+    throw;
+  }
   sl.length = h.length;
   sl.mtp_length = h.mtp_length;
   return make_handle(s, sl.generation);

@@ -34,7 +34,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cpu_gemm_internal.hpp"
+#include "gemm_internal.hpp"
 
 #if GDN_X86
 #include <immintrin.h>

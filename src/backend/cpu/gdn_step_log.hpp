@@ -1,5 +1,5 @@
 #pragma once
-// What exact rollback inside the last step needs, per sequence slot: the GDN state at the start
+// What the CPU backend's exact rollback inside the last step needs, per sequence slot: the GDN state at the start
 // of the step (conv and recurrent, one copy) and the step's small per-token inputs (raw pre-conv
 // qkv, g and β) for up to max_tokens tokens. Rolling back to j tokens restores the start state and
 // re-applies the j accepted tokens' conv and recurrence: the result is bit-identical to a step that
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "gdn/model/config.hpp"
-#include "gdn/state/gdn_state.hpp"
+#include "gdn_state.hpp"
 
-namespace gdn {
+namespace gdn::cpu {
 
 class GdnStepLog {
  public:
@@ -52,4 +52,4 @@ class GdnStepLog {
   std::vector<float> raw_, gates_;
 };
 
-}  // namespace gdn
+}  // namespace gdn::cpu

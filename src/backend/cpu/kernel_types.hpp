@@ -1,0 +1,55 @@
+#pragma once
+// Plain types and setup helpers of the CPU kernels (kernels/), compiled for the baseline: every
+// target's kernels take them, and tests build them to call the kernels directly.
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace gdn::cpu {
+
+// One value head's inputs to the delta rule for n consecutive tokens. Row r of q is
+// q + r·q_stride, and so on.
+struct DeltaRuleInput {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  std::int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  const float* g = nullptr;     // log-decay per token (≤ 0), contiguous
+  const float* beta = nullptr;  // write strength per token, contiguous
+  int dk = 0;
+  int dv = 0;
+};
+
+// Working memory of the delta rule for one thread, sized once for the model's head dims; the
+// kernels never allocate.
+class DeltaRuleScratch {
+ public:
+  static constexpr int chunk = 64;
+  void reserve(int dk, int dv) {
+    const std::size_t c = chunk;
+    gamma.resize(c);
+    eg.resize(c);
+    el.resize(c);
+    A.resize(c * c);
+    QK.resize(c * c);
+    U.resize(c * static_cast<std::size_t>(dv));
+    W.resize(c * static_cast<std::size_t>(dk));
+    sk.resize(static_cast<std::size_t>(dv));
+    sq.resize(static_cast<std::size_t>(dv));
+    du.resize(static_cast<std::size_t>(dv));
+  }
+  std::vector<float> gamma, eg, el, A, QK, U, W;  // chunked form
+  std::vector<float> sk, sq, du;                   // recurrent form: Sᵀk, Sᵀq, δ
+};
+
+// RoPE's inverse frequencies theta^(−2i/rotary_dim), i < rotary_dim/2, computed in double and
+// rounded to float as transformers does.
+inline std::vector<float> rope_inverse_frequencies(int rotary_dim, double theta) {
+  std::vector<float> f(static_cast<std::size_t>(rotary_dim / 2));
+  for (int i = 0; i < rotary_dim / 2; ++i)
+    f[static_cast<std::size_t>(i)] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * i) / rotary_dim));
+  return f;
+}
+
+}  // namespace gdn::cpu

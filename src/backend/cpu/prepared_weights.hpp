@@ -1,0 +1,86 @@
+#pragma once
+// The CPU backend's form of a model's weights, made once per model and shared by its contexts:
+// each projection with its image in the projection kernel's order (when the kernel reads one and
+// the model was loaded with pack_weights), the conv taps tap-major in float32, and pointers to the
+// neutral float vectors of ModelWeights (which the Model keeps alive).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "gdn/core/anonymous_memory.hpp"
+#include "gdn/model/model.hpp"
+
+#include "linear.hpp"
+
+namespace gdn::cpu {
+
+// A projection as the CPU kernels see it.
+struct Linear {
+  const TensorView* w = nullptr;
+  const std::uint16_t* image = nullptr;  // w in `layout` order, when packed
+  WeightImage layout = WeightImage::none;
+  bool empty() const noexcept { return w == nullptr || w->empty(); }
+  std::int64_t out() const noexcept { return w->dim(0); }
+  std::int64_t in() const noexcept { return w->dim(1); }
+};
+
+struct GdnWeights {
+  Linear in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // separate layout
+  Linear in_proj_qkvz, in_proj_ba;                      // fused layout (Qwen3-Next)
+  Linear out_proj;
+  std::vector<float> conv;            // [kernel][conv_dim] tap-major, so a tap reads channels contiguously
+  const float* neg_exp_A = nullptr;   // [Hv]
+  const float* dt_bias = nullptr;     // [Hv]
+  const float* norm = nullptr;        // [dv]
+};
+
+struct AttentionWeights {
+  Linear q_proj, k_proj, v_proj, o_proj;
+  const float* q_norm_scale = nullptr;
+  const float* k_norm_scale = nullptr;
+};
+
+struct MlpWeights {
+  Linear gate_proj, up_proj, down_proj;
+};
+
+struct LayerWeights {
+  LayerKind kind = LayerKind::linear_attention;
+  const float* input_norm_scale = nullptr;
+  const float* post_attention_norm_scale = nullptr;
+  GdnWeights gdn;
+  AttentionWeights attn;
+  MlpWeights mlp;
+};
+
+struct MtpWeights {
+  Linear fc;
+  const float* pre_fc_norm_embedding_scale = nullptr;
+  const float* pre_fc_norm_hidden_scale = nullptr;
+  const float* norm_scale = nullptr;
+  LayerWeights layer;
+};
+
+struct PreparedWeights {
+  const TensorView* embed_tokens = nullptr;
+  std::vector<LayerWeights> layers;
+  const float* final_norm_scale = nullptr;
+  Linear lm_head;
+  std::optional<MtpWeights> mtp;
+  AnonymousMemory packed;  // the images (pack_weights), one huge-page-backed block
+
+  std::vector<const Linear*> projections() const;
+};
+
+inline constexpr const char* prepared_weights_key = "cpu";
+
+// The model's CPU weights, made on first use (packing the images when the model's params ask for
+// it and this process's projection kernel reads them), then shared. progress(done, total) reports
+// the packing.
+std::shared_ptr<const PreparedWeights> prepare_weights(const Model& model,
+                                                       const std::function<void(std::size_t, std::size_t)>& progress = {});
+
+}  // namespace gdn::cpu

@@ -1,0 +1,44 @@
+#pragma once
+// The CPU targets the numerics are compiled for, and the one this process runs. Each target's
+// entry points live in its own translation unit (forward_<target>.cpp, all from forward_impl.hpp);
+// the choice follows the projection kernel's (linear.hpp: CPU features, lowered by
+// GDN_CPU_KERNEL), so a process never mixes the vector paths of two targets.
+
+#include <cstdint>
+
+#include "../backend.hpp"
+#include "kernel_types.hpp"
+
+namespace gdn::cpu {
+
+struct CpuState;
+
+enum class Target { scalar, avx2, avx512 };
+
+// What one target compiled: the backend's entry points, and its kernels for tests (which run the
+// very code the engine runs, on every target the CPU supports).
+struct TargetKernels {
+  const char* name;
+  void (*forward)(CpuState& s, const PassPlan& plan, const PassOutputs& out);
+  void (*replay)(CpuState& s, int slot, std::int64_t keep);
+  void (*delta_rule_recurrent)(const DeltaRuleInput& in, std::int64_t n, float* S, float* o, std::int64_t o_stride,
+                               DeltaRuleScratch& ws);
+  void (*delta_rule_chunked)(const DeltaRuleInput& in, std::int64_t n, float* S, float* o, std::int64_t o_stride,
+                             DeltaRuleScratch& ws);
+  void (*causal_conv1d_silu)(const float* w, int K, std::int64_t C, const float* in, std::int64_t ld_in, std::int64_t n,
+                             float* state, float* out, std::int64_t ld_out, std::int64_t c0, std::int64_t c1);
+  void (*rms_norm)(const float* x, const float* scale, float* y, std::int64_t n, float eps);
+  void (*rms_norm_gated)(const float* x, const float* z, const float* w, float* y, std::int64_t n, float eps);
+};
+
+// The target this process runs (from linear_kernel(): amx, avx512bf16 and avx512 run avx512).
+Target current_target() noexcept;
+// Whether this CPU can run t.
+bool target_supported(Target t) noexcept;
+const TargetKernels& target_kernels(Target t) noexcept;
+
+extern const TargetKernels scalar_kernels;
+extern const TargetKernels avx2_kernels;
+extern const TargetKernels avx512_kernels;
+
+}  // namespace gdn::cpu
