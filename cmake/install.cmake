@@ -10,7 +10,7 @@ include(CMakePackageConfigHelpers)
 set(GDN_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/gdn)
 set(GDN_EXPORTED_TARGETS gdn gdn_shared)
 if(GDN_HAVE_CUDA)
-  list(APPEND GDN_EXPORTED_TARGETS gdn_cuda)  # a link dependency of the static library
+  list(APPEND GDN_EXPORTED_TARGETS gdn_cuda_backend gdn_cuda gdn_cuda_blas)  # link dependencies of the static library
 endif()
 
 install(TARGETS ${GDN_EXPORTED_TARGETS} EXPORT gdnTargets
@@ -40,7 +40,7 @@ file(RELATIVE_PATH GDN_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p
 string(REGEX REPLACE "/$" "" GDN_PC_TO_PREFIX "${GDN_PC_TO_PREFIX}")
 set(GDN_PC_LIBS_PRIVATE "-lfmt -lz -lpcre2-8 -lutf8proc -lstdc++ -lm -pthread")
 if(GDN_HAVE_CUDA)
-  set(GDN_PC_LIBS_PRIVATE "-lgdn_cuda -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt ${GDN_PC_LIBS_PRIVATE}")
+  set(GDN_PC_LIBS_PRIVATE "-lgdn_cuda_backend -lgdn_cuda -lgdn_cuda_blas -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcudart_static -ldl -lrt ${GDN_PC_LIBS_PRIVATE}")
 endif()
 configure_file(cmake/gdn.pc.in ${PROJECT_BINARY_DIR}/gdn.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/gdn.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig

@@ -55,13 +55,15 @@ cudaError_t attention_prepare(const AttnPrepareParams& p, cudaStream_t stream) {
   });
 }
 
-int attention_decode_splits(int rows, int num_q_heads, int max_kv_len, int sm_count) noexcept {
-  // Enough blocks for about four waves' worth of SMs, but no split shorter than 256 positions.
-  const int blocks = rows * num_q_heads;
-  if (blocks <= 0 || max_kv_len <= 0) return 1;
-  const int want = detail::ceil_div(4 * sm_count, blocks);
-  const int most = detail::ceil_div(max_kv_len, 256);
-  return detail::imax(1, detail::imin(detail::imin(want, most), 64));
+int attention_decode_split_len(int max_kv_len) noexcept {
+  // At least 256 positions a split (shorter ones cost more in merging than they gain), at most 64
+  // splits, in whole runs of 16 positions (4 warps × 4).
+  const int len = detail::imax(256, detail::ceil_div(detail::imax(max_kv_len, 1), 64));
+  return detail::ceil_div(len, 16) * 16;
+}
+
+int attention_decode_splits(int max_kv_len, int split_len) noexcept {
+  return detail::imax(1, detail::ceil_div(detail::imax(max_kv_len, 1), detail::imax(split_len, 1)));
 }
 
 std::size_t attention_decode_workspace_bytes(int rows, int num_q_heads, int head_dim, int splits) noexcept {
@@ -70,15 +72,15 @@ std::size_t attention_decode_workspace_bytes(int rows, int num_q_heads, int head
   return parts * (static_cast<std::size_t>(head_dim) + 1) * sizeof(float);
 }
 
-cudaError_t attention_decode(const AttnParams& p, int splits, float* workspace, cudaStream_t stream) {
-  if (!attn_ok(p) || splits < 1 || (splits > 1 && workspace == nullptr)) return cudaErrorInvalidValue;
+cudaError_t attention_decode(const AttnParams& p, int splits, int split_len, float* workspace, cudaStream_t stream) {
+  if (!attn_ok(p) || splits < 1 || split_len < 1 || (splits > 1 && workspace == nullptr)) return cudaErrorInvalidValue;
   if (p.rows == 0 || p.num_seqs == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.num_q_heads), static_cast<unsigned>(p.rows));
   return dispatch_head_dim(p.head_dim, [&](auto HD) {
     constexpr int hd = decltype(HD)::value;
     cudaError_t e =
         detail::launch(kernels::attention_decode_kernel<hd>, grid, dim3(kernels::kDecodeWarps * 32), 0, stream, p, splits,
-                       workspace);
+                       split_len, workspace);
     if (e != cudaSuccess || splits == 1) return e;
     return detail::launch(kernels::attention_combine_kernel<hd>,
                           dim3(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.num_q_heads)), dim3(hd), 0, stream, p,

@@ -1,12 +1,13 @@
 #pragma once
-// Gated full attention over the paged KV cache. Reference: layers::AttentionLayer::forward
-// (include/gdn/layers/attention.hpp): q/k zero-centred RMSNorm per head, partial NeoX RoPE, GQA,
+// Gated full attention over the paged KV cache (include/gdn/layers/attention.hpp; reference: the
+// CPU backend's src/backend/cpu/kernels/attention.hpp): q/k zero-centred RMSNorm per head, partial NeoX RoPE, GQA,
 // causal softmax in float32 with scale 1/sqrt(hd), output multiplied by sigmoid(gate).
 //
 //  attention_prepare_kernel  one warp per (row, head) of q and k: norm, rope, and for k/v heads the
 //                            append to the cache (position kv_len − n + t of its sequence).
-//  attention_decode_kernel   flash-decoding: block (split, q head, row), 4 warps each taking every
-//                            4th position of the split's range, online softmax per warp, merged in
+//  attention_decode_kernel   flash-decoding: block (split, q head, row), splits of a fixed number of
+//                            positions, 4 warps each taking every 4th run of 4 positions of the
+//                            split's range, online softmax per warp, merged in
 //                            shared memory; with one split it writes the gated output directly,
 //                            otherwise (o/l, log-sum-exp) partials for
 //  attention_combine_kernel  block (row, q head): merges the splits' partials, applies the gate.
@@ -99,7 +100,7 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeUnroll = 4;
 
 template <int HD>
-__global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(AttnParams p, int splits, float* ws) {
+__global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(AttnParams p, int splits, int split_len, float* ws) {
   constexpr int V = HD / detail::kWarp;
   __shared__ float sm[kDecodeWarps], sl[kDecodeWarps];
   __shared__ float so[kDecodeWarps][HD];
@@ -109,8 +110,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) attention_decode_kernel(Att
   const int n = p.cu_seqlens[s + 1] - p.cu_seqlens[s];
   const int len = p.kv.kv_lens[s] - n + (r - p.cu_seqlens[s]) + 1;  // positions this row attends to
   const int g = h / (p.num_q_heads / p.num_kv_heads);
-  const int chunk = detail::ceil_div(len, splits);
-  const int lo = split * chunk, hi = detail::imin(len, lo + chunk);
+  // Split x covers positions [x·split_len, (x + 1)·split_len): fixed boundaries, so a row's result
+  // does not depend on its length relative to other rows', nor on the batch (batch invariance).
+  const int lo = split * split_len, hi = detail::imin(len, lo + split_len);
 
   float q[V], o[V];
   detail::load_bf16<V>(p.q + r * p.ld_q + static_cast<std::int64_t>(h) * HD + lane * V, q);

@@ -332,7 +332,7 @@ struct Model {
 // Per-batch state and activations of the decode step.
 struct Decode {
   const Model& m;
-  int B, ctx, page_size = 64, splits = 1;
+  int B, ctx, page_size = 64, splits = 1, split_len = 256;
   Arena mem;
   bf16 *h, *xn, *proj, *conv_out, *core, *q, *gu, *act, *conv_state, *kv;
   float *gdn_state, *logits, *attn_ws;
@@ -374,7 +374,9 @@ struct Decode {
     page_elems = static_cast<std::int64_t>(s.attn_layers()) * 2 * s.Hkv * page_size * s.hd;
     kv = mem.take<bf16>(b * static_cast<std::size_t>(pages_per_seq) * static_cast<std::size_t>(page_elems));
     logits = mem.take<float>(b * static_cast<std::size_t>(s.vocab));
-    splits = gc::attention_decode_splits(B, s.Hq, ctx, sms);
+    (void)sms;
+    split_len = gc::attention_decode_split_len(ctx);
+    splits = gc::attention_decode_splits(ctx, split_len);
     attn_ws = mem.take<float>(gc::attention_decode_workspace_bytes(B, s.Hq, s.hd, splits) / sizeof(float) + 1);
     tokens = mem.take<std::int32_t>(b);
     slots = mem.take<std::int32_t>(b);
@@ -494,7 +496,7 @@ struct Decode {
     pp.num_kv_heads = sh.Hkv;
     pp.head_dim = sh.hd;
     check(gc::attention_prepare(pp, s), "attention_prepare");
-    check(gc::attention_decode(attn_params(L), splits, attn_ws, s), "attention_decode");
+    check(gc::attention_decode(attn_params(L), splits, split_len, attn_ws, s), "attention_decode");
   }
 
   gc::AttnParams attn_params(const Layer& L) const {
@@ -679,7 +681,7 @@ int main(int argc, char** argv) {
                   sh.gdn_layers(), B, gdn_ms, gdn_bytes / bw * 1e3, 100.0 * gdn_bytes / bw * 1e3 / gdn_ms));
       const double attn_ms = graph_time_ms(stream, iters, [&] {
         for (const Layer& L : m.layers)
-          if (L.gnorm == nullptr) check(gc::attention_decode(d.attn_params(L), d.splits, d.attn_ws, stream), "attention_decode");
+          if (L.gnorm == nullptr) check(gc::attention_decode(d.attn_params(L), d.splits, d.split_len, d.attn_ws, stream), "attention_decode");
       });
       rep.row(fmt("{\"kind\":\"decode_attention\",\"shape\":\"%s\",\"batch\":%d,\"context\":%d,\"ms\":%.4f,\"bytes\":%.6g,"
                   "\"roofline_ms\":%.4f,\"splits\":%d}",

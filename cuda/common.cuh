@@ -142,9 +142,22 @@ namespace detail {
 
 // Launches `kernel` (a __global__ function) with dynamic shared memory `smem` bytes, raising the
 // kernel's shared memory limit first when it needs more than the default 48 KiB.
+// max_dynamic_smem: what a block of the current device may use (kernels that can tile two ways
+// choose by it).
 #if defined(GDN_CUDA_EMULATE)
 using ::gdn::emu::launch;
+inline cudaError_t max_dynamic_smem(std::size_t& bytes) {
+  bytes = ::gdn::emu::device().model.smem_optin;
+  return cudaSuccess;
+}
 #else
+inline cudaError_t max_dynamic_smem(std::size_t& bytes) {
+  int device = 0, v = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  bytes = static_cast<std::size_t>(v);
+  return e;
+}
 template <typename... Params, typename... Args>
 inline cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
                           Args&&... args) {

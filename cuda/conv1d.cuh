@@ -1,7 +1,7 @@
 #pragma once
 // Causal depthwise conv1d + SiLU over a GDN layer's qkv channels, continuing every sequence from
 // its history (the last K−1 raw inputs, oldest first) and leaving the history of the step's end.
-// Reference: layers::causal_conv1d_silu (include/gdn/layers/gated_delta_net.hpp).
+// Reference: the CPU backend's causal_conv1d_silu (src/backend/cpu/kernels/conv.hpp).
 //
 // One thread per channel, one block per (128 channels, sequence, run of tokens): the thread slides
 // a K−1 window through its tokens in registers. Only the block holding a sequence's first run reads
@@ -37,6 +37,7 @@ __global__ void __launch_bounds__(kConvThreads) causal_conv1d_kernel(Conv1dParam
   // old[i]: the input at position i − (K−1) relative to the sequence start (read by the first run only).
   float old[K - 1];
   const bool first = t0 == 0;
+  const bool record = p.snapshots != nullptr && (p.snapshot_record == nullptr || p.snapshot_record[s] != 0);
 #pragma unroll
   for (int i = 0; i < K - 1; ++i) old[i] = first ? to_float(hist_mem[i * C + c]) : 0.0f;
   // win[j]: the input at t0 − (K−1) + j. Runs after the first start ≥ tokens_per_block ≥ K−1 in.
@@ -56,8 +57,8 @@ __global__ void __launch_bounds__(kConvThreads) causal_conv1d_kernel(Conv1dParam
 #pragma unroll
     for (int j = 0; j < K - 2; ++j) win[j] = win[j + 1];
     win[K - 2] = cur;
-    if (p.snapshots != nullptr) {
-      bf16* snap = p.snapshots + s * p.snapshot_seq_stride + t * p.snapshot_token_stride;
+    if (record) {
+      bf16* snap = p.snapshots + static_cast<std::int64_t>(p.slots[s]) * p.snapshot_seq_stride + t * p.snapshot_token_stride;
 #pragma unroll
       for (int j = 0; j < K - 1; ++j) snap[j * C + c] = detail::from_float<bf16>(win[j]);
     }

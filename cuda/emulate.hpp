@@ -3,7 +3,10 @@
 // check their logic (indexing, barriers, reductions, tails) where there is no GPU. Used only when
 // GDN_CUDA_EMULATE is defined (tests/test_cuda_emulated); never part of the library.
 //
-// Each CUDA thread of a block is a fiber (ucontext) on one OS thread. A fiber runs until it reaches
+// Each CUDA thread of a block is a fiber on one OS thread, switched by a few instructions that save
+// and restore the callee-saved registers and the stack pointer (x86-64; elsewhere ucontext and
+// _setjmp/_longjmp, slower); a launch's fibers run its blocks one after another, and their stacks
+// are reused between launches. A fiber runs until it reaches
 // a synchronisation point — __syncthreads, __syncwarp, a warp shuffle — or returns; the scheduler
 // then releases a warp whose live lanes all wait at a warp barrier, or the block when all live
 // threads wait at the block barrier, and reports a deadlock (a barrier some threads never reach)
@@ -18,8 +21,17 @@
 //
 // __shared__ becomes `static`, so a kernel's shared arrays persist across blocks (uninitialised
 // reads see stale data rather than NaN). Warp-synchronous code must use the *_sync intrinsics
-// with all 32 lanes of a warp taking part.
+// with all 32 lanes of a warp taking part. Launches are serialised by one lock (those static
+// arrays are shared by every OS thread).
+//
+// The emulated device (runtime_emulated.cpp) is one GPU of a chosen architecture (GDN_EMU_ARCH =
+// 80, 86, 89 or 90, default 90; or set_arch()): launches are checked against that architecture's
+// limits — block size, grid size, and above all shared memory per block, so a kernel that would
+// not launch on an RTX A6000 (sm_86, 99 KB) fails here too. Test hooks make the device's memory
+// smaller (set_memory_limit) or the n-th launch fail with a sticky launch failure (fail_launch),
+// to exercise the backend's error paths.
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -30,6 +42,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <tuple>
 #include <type_traits>
@@ -40,17 +53,73 @@
 
 namespace gdn::emu {
 
+#if defined(__x86_64__)
+// Saves the callee-saved registers on the current stack, stores the stack pointer in *from, and
+// (weak: every file that includes this header emits it; the linker keeps one)
+// continues on the stack `to` (one that gdn_emu_switch saved, or a new fiber's initial frame).
+extern "C" void gdn_emu_switch(void** from, void* to);
+asm(R"(
+  .text
+  .p2align 4
+  .weak gdn_emu_switch
+  .hidden gdn_emu_switch
+  .type gdn_emu_switch, @function
+gdn_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size gdn_emu_switch, .-gdn_emu_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+#define GDN_EMU_FAST_SWITCH 1
+#else
+#define GDN_EMU_FAST_SWITCH 0
+#endif
+
 struct Fiber {
   enum class State { runnable, block_barrier, warp_barrier, done };
-  ucontext_t ctx{};
+#if GDN_EMU_FAST_SWITCH
+  void* sp = nullptr;  // saved stack pointer of a waiting fiber
+#else
+  ucontext_t start{};  // the first entry, once per launch
+  jmp_buf jb;          // where the fiber waits
+#endif
+  bool started = false;
+  std::uint32_t shuffles = 0;  // shuffles this block (picks the exchange buffer)
   uint3 tid{};
   State state = State::runnable;
-  std::unique_ptr<char[]> stack;
+  char* stack = nullptr;
 };
+
+constexpr std::size_t kFiberStack = 256 * 1024;
+
+// Fiber stacks, kept for the next launch (launches are serialised).
+inline char* fiber_stack(std::size_t i) {
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  while (stacks.size() <= i) stacks.emplace_back(new char[kFiberStack]);
+  return stacks[i].get();
+}
 
 struct Block {
   std::vector<Fiber> fibers;
-  ucontext_t scheduler{};
+#if GDN_EMU_FAST_SWITCH
+  void* scheduler = nullptr;
+#else
+  jmp_buf scheduler;
+#endif
   uint3 bid{};
   dim3 bdim, gdim;
   std::vector<unsigned char> smem;
@@ -76,37 +145,119 @@ inline int linear_tid() {
 }
 inline unsigned char* dynamic_smem() { return current_block()->smem.data(); }
 
-inline std::mt19937_64& rng() {
-  static std::mt19937_64 r([] {
+// ---- the emulated device --------------------------------------------------------------------
+
+struct DeviceModel {
+  const char* name;
+  int major, minor, sm_count;
+  std::size_t smem_optin;  // bytes of shared memory per block after opting in
+};
+
+// Published limits (CUDA C Programming Guide, compute capabilities table).
+inline DeviceModel device_model_for(int arch) {
+  switch (arch) {
+    case 80: return {"emulated sm_80 (A100)", 8, 0, 108, 163 * 1024};
+    case 86: return {"emulated sm_86 (RTX A6000)", 8, 6, 84, 99 * 1024};
+    case 89: return {"emulated sm_89 (L40S)", 8, 9, 142, 99 * 1024};
+    default: return {"emulated sm_90 (H200)", 9, 0, 132, 227 * 1024};
+  }
+}
+
+struct DeviceState {
+  std::mutex lock;  // one launch at a time: kernels' shared arrays are static
+  DeviceModel model = device_model_for([] {
+    const char* a = std::getenv("GDN_EMU_ARCH");
+    return a != nullptr ? std::atoi(a) : 90;
+  }());
+  std::size_t memory_limit = std::size_t{16} << 30;
+  std::size_t allocated = 0;
+  std::int64_t fail_after_launches = -1;  // < 0: never
+  cudaError_t sticky = cudaSuccess;
+  std::uint64_t launches = 0;
+};
+inline DeviceState& device() {
+  static DeviceState d;
+  return d;
+}
+
+// Test hooks.
+inline void set_arch(int arch) { device().model = device_model_for(arch); }
+inline void set_memory_limit(std::size_t bytes) { device().memory_limit = bytes; }
+// The launch after `n` more launches fails with cudaErrorLaunchFailure, which, as on a GPU, is
+// sticky: every later call fails too, until reset_device().
+inline void fail_launch(std::int64_t n) { device().fail_after_launches = n; }
+inline void reset_device() {
+  DeviceState& d = device();
+  d.sticky = cudaSuccess;
+  d.fail_after_launches = -1;
+  d.memory_limit = std::size_t{16} << 30;
+}
+
+// Stream capture: while a thread captures, what it enqueues is recorded instead of run.
+using Recording = std::vector<std::function<void()>>;
+inline Recording*& capturing() {
+  thread_local Recording* r = nullptr;
+  return r;
+}
+// Runs fn now, or records it when the calling thread is capturing.
+inline void enqueue(std::function<void()> fn) {
+  if (Recording* r = capturing()) r->push_back(std::move(fn));
+  else fn();
+}
+
+// splitmix64: the shuffles need speed, not statistical quality.
+struct ShuffleRng {
+  using result_type = std::uint64_t;
+  std::uint64_t x;
+  static constexpr result_type min() { return 0; }
+  static constexpr result_type max() { return ~result_type{0}; }
+  result_type operator()() {
+    std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+};
+inline ShuffleRng& rng() {
+  static ShuffleRng r{[] {
     const char* s = std::getenv("GDN_EMU_SEED");
     return s != nullptr ? std::strtoull(s, nullptr, 10) : 20261202ULL;
-  }());
+  }()};
   return r;
 }
 
 inline void wait(Fiber::State s) {
   Fiber& f = current_fiber();
   f.state = s;
-  swapcontext(&f.ctx, &current_block()->scheduler);
+#if GDN_EMU_FAST_SWITCH
+  gdn_emu_switch(&f.sp, current_block()->scheduler);
+#else
+  if (_setjmp(f.jb) == 0) _longjmp(current_block()->scheduler, 1);
+#endif
 }
 inline void syncthreads() { wait(Fiber::State::block_barrier); }
 inline void syncwarp() { wait(Fiber::State::warp_barrier); }
 
+// A shuffle: every lane publishes its value, waits for the warp, reads its source's. Two exchange
+// buffers are used in turn (lanes of a warp shuffle in lockstep, so they agree on which): a lane
+// can only write a buffer again after the next shuffle's barrier, which every lane passes only once
+// it has read this one, so one barrier per shuffle suffices.
 template <typename T>
 T shfl(T v, int src_lane_of_warp) {
   static_assert(sizeof(T) <= sizeof(std::uint64_t) && std::is_trivially_copyable_v<T>, "shuffle of a small value");
   Block& b = *current_block();
+  Fiber& f = current_fiber();
   const int t = linear_tid(), base = t - t % 32;
-  std::memcpy(&b.exchange[static_cast<std::size_t>(t)], &v, sizeof(T));
+  std::uint64_t* slots = b.exchange.data() + (f.shuffles++ & 1) * b.fibers.size();
+  std::memcpy(&slots[t], &v, sizeof(T));
   syncwarp();
   const int src = base + (src_lane_of_warp & 31);
   T r;
   if (src >= static_cast<int>(b.fibers.size())) {
     r = v;
   } else {
-    std::memcpy(&r, &b.exchange[static_cast<std::size_t>(src)], sizeof(T));
+    std::memcpy(&r, &slots[src], sizeof(T));
   }
-  syncwarp();
   return r;
 }
 
@@ -122,23 +273,47 @@ inline int syncthreads_count(int pred) {
   return n;
 }
 
+// A fiber runs the kernel once per block: after each run it marks itself done and waits; the next
+// block resumes it at the top of the loop.
 inline void fiber_main() {
-  Block& b = *current_block();
-  (*b.entry)();
-  current_fiber().state = Fiber::State::done;
-  // Returning from the fiber resumes uc_link, the scheduler.
+  for (;;) {
+    Block& b = *current_block();
+    (*b.entry)();
+    wait(Fiber::State::done);
+  }
+}
+
+inline void resume(Block& b, int i) {
+  Fiber& f = b.fibers[static_cast<std::size_t>(i)];
+  b.current = i;
+#if GDN_EMU_FAST_SWITCH
+  if (!f.started) {
+    // A new fiber's frame: six zero registers, then fiber_main as the return address, positioned so
+    // that fiber_main starts with the stack aligned as after a call.
+    f.started = true;
+    auto top = (reinterpret_cast<std::uintptr_t>(f.stack) + kFiberStack) & ~std::uintptr_t{15};
+    auto* frame = reinterpret_cast<void**>(top) - 8;
+    for (int k = 0; k < 6; ++k) frame[k] = nullptr;
+    frame[6] = reinterpret_cast<void*>(&fiber_main);
+    frame[7] = nullptr;
+    f.sp = frame;
+  }
+  gdn_emu_switch(&b.scheduler, f.sp);
+#else
+  if (_setjmp(b.scheduler) != 0) return;  // the fiber waits again, or is done
+  if (!f.started) {
+    f.started = true;
+    setcontext(&f.start);
+  }
+  _longjmp(f.jb, 1);
+#endif
 }
 
 inline void run_block(Block& b) {
   const std::size_t n = b.fibers.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    Fiber& f = b.fibers[i];
+  for (auto& f : b.fibers) {
     f.state = Fiber::State::runnable;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.get();
-    f.ctx.uc_stack.ss_size = 256 * 1024;
-    f.ctx.uc_link = &b.scheduler;
-    makecontext(&f.ctx, fiber_main, 0);
+    f.shuffles = 0;
   }
   std::vector<int> order(n);
   for (;;) {
@@ -146,10 +321,7 @@ inline void run_block(Block& b) {
     for (std::size_t i = 0; i < n; ++i)
       if (b.fibers[i].state == Fiber::State::runnable) order.push_back(static_cast<int>(i));
     std::shuffle(order.begin(), order.end(), rng());
-    for (const int i : order) {
-      b.current = i;
-      swapcontext(&b.scheduler, &b.fibers[static_cast<std::size_t>(i)].ctx);
-    }
+    for (const int i : order) resume(b, i);
     bool released = false;
     for (std::size_t w = 0; w < n; w += 32) {
       bool any = false, all = true;
@@ -184,24 +356,30 @@ inline void run_block(Block& b) {
   }
 }
 
-// Runs kernel<<<grid, block, smem>>>(args...) to completion. Refuses what the hardware would.
-template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t, Args&&... args) {
+// Runs one launch's blocks to completion.
+template <typename... Params>
+void run_grid(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+              const std::tuple<std::decay_t<Params>...>& params) {
+  std::lock_guard guard(device().lock);
   const std::size_t threads = static_cast<std::size_t>(block.x) * block.y * block.z;
-  if (threads == 0 || threads > 1024 || smem > 227 * 1024) return cudaErrorInvalidConfiguration;
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-  std::tuple<std::decay_t<Params>...> params(static_cast<Params>(args)...);
   const std::function<void()> entry = [&] { std::apply(kernel, params); };
   Block b;
   b.bdim = block;
   b.gdim = grid;
   b.entry = &entry;
   b.fibers.resize(threads);
-  b.exchange.resize(threads);
+  b.exchange.resize(2 * threads);
   b.vote.resize(threads);
   for (std::size_t i = 0; i < threads; ++i) {
     Fiber& f = b.fibers[i];
-    f.stack.reset(new char[256 * 1024]);
+    f.stack = fiber_stack(i);
+#if !GDN_EMU_FAST_SWITCH
+    getcontext(&f.start);
+    f.start.uc_stack.ss_sp = f.stack;
+    f.start.uc_stack.ss_size = kFiberStack;
+    f.start.uc_link = nullptr;
+    makecontext(&f.start, fiber_main, 0);
+#endif
     f.tid = uint3{static_cast<unsigned>(i % block.x), static_cast<unsigned>((i / block.x) % block.y),
                   static_cast<unsigned>(i / (static_cast<std::size_t>(block.x) * block.y))};
   }
@@ -218,6 +396,27 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t
     run_block(b);
   }
   current_block() = outer;
+}
+
+// Launches kernel<<<grid, block, smem>>>(args...): runs it to completion, or records it while the
+// thread captures a graph. Refuses what the emulated GPU would.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t, Args&&... args) {
+  DeviceState& d = device();
+  if (d.sticky != cudaSuccess) return d.sticky;
+  const std::size_t threads = static_cast<std::size_t>(block.x) * block.y * block.z;
+  if (threads == 0 || threads > 1024 || grid.y > 65535 || grid.z > 65535) return cudaErrorInvalidConfiguration;
+  if (smem > d.model.smem_optin) return cudaErrorInvalidValue;  // what cudaFuncSetAttribute answers
+  if (d.fail_after_launches == 0) {
+    d.fail_after_launches = -1;
+    d.sticky = cudaErrorLaunchFailure;
+    return d.sticky;
+  }
+  if (d.fail_after_launches > 0) --d.fail_after_launches;
+  ++d.launches;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+  std::tuple<std::decay_t<Params>...> params(static_cast<Params>(args)...);
+  enqueue([kernel, grid, block, smem, params] { run_grid(kernel, grid, block, smem, params); });
   return cudaSuccess;
 }
 

@@ -22,8 +22,16 @@ cudaError_t gdn_chunked(const GdnParams& p, int max_seqlen, float* workspace, cu
                                  kernels::kPrepareSmemFloats * sizeof(float), stream, p, workspace);
   if (e != cudaSuccess) return e;
   const dim3 grid2(static_cast<unsigned>(detail::ceil_div(p.dv, kernels::kChunkColumns)), Hv, N);
-  return detail::launch(kernels::gdn_chunk_state_kernel, grid2, block, kernels::kStateSmemFloats * sizeof(float), stream,
-                        p, static_cast<const float*>(workspace));
+  const std::size_t staged = kernels::kStateSmemFloats * sizeof(float);
+  const std::size_t unstaged = (kernels::kStateSmemFloats - kernels::kStateTSmemFloats) * sizeof(float);
+  std::size_t limit = 0;
+  e = detail::max_dynamic_smem(limit);
+  if (e != cudaSuccess) return e;
+  if (staged <= limit)
+    return detail::launch(kernels::gdn_chunk_state_kernel<true>, grid2, block, staged, stream, p,
+                          static_cast<const float*>(workspace));
+  return detail::launch(kernels::gdn_chunk_state_kernel<false>, grid2, block, unstaged, stream, p,
+                        static_cast<const float*>(workspace));
 }
 
 GDN_CUDA_NAMESPACE_END

@@ -1,6 +1,6 @@
 #pragma once
 // The gated delta rule in chunks of 64 tokens (WY/UT form) for prefill, gates and q/k L2 norm fused,
-// state carried between chunks in float32. Reference: layers::delta_rule_chunked (delta_rule.hpp).
+// state carried between chunks in float32. Reference: the CPU delta_rule_chunked (src/backend/cpu/kernels/delta_rule.hpp).
 //
 // Within a chunk of m ≤ 64 tokens, with γ the inclusive cumulative log-decay, Γ_ij = e^(γ_i − γ_j),
 // A = strict_tril(diag(β)·K·Kᵀ ⊙ Γ) and T = I + A (unit lower triangular):
@@ -32,7 +32,11 @@ constexpr int kTPitch = kChunk + 1;
 
 // Shared memory of each kernel, in floats.
 constexpr int kPrepareSmemFloats = 2 * kChunk * kKPitch + 2 * kChunk * kTPitch + 3 * kChunk;
-constexpr int kStateSmemFloats = kChunkMaxDk * kChunkColumns + 2 * kChunk * kKPitch + 2 * kChunk * kTPitch +
+// The state kernel stages each chunk's T⁻¹ and QK rows in shared memory when the device allows
+// (Hopper, A100: 130 KB); on GPUs with 99 KB per block (RTX 30xx/40xx, A6000, L40) it reads them
+// from the workspace (L1/L2) instead: the same values in the same order, so the same results.
+constexpr int kStateTSmemFloats = 2 * kChunk * kTPitch;
+constexpr int kStateSmemFloats = kChunkMaxDk * kChunkColumns + 2 * kChunk * kKPitch + kStateTSmemFloats +
                                  2 * kChunk * (kChunkColumns + 1) + 3 * kChunk;
 
 // Loads rows [t0, t0 + m) of q and k of key head kh, L2-normalised (q also scaled), into qs/ks
@@ -167,6 +171,7 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_prepare_kernel(GdnPar
   }
 }
 
+template <bool kStageT>
 __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_state_kernel(GdnParams p, const float* ws) {
   using detail::to_float;
   constexpr int BV = kChunkColumns;
@@ -188,9 +193,9 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_state_kernel(GdnParam
   float* S = smem;  // [kChunkMaxDk][BV]
   float* qs = S + kChunkMaxDk * BV;
   float* ks = qs + kChunk * kKPitch;
-  float* Ti = ks + kChunk * kKPitch;
+  float* Ti = ks + kChunk * kKPitch;  // staged only
   float* QK = Ti + kChunk * kTPitch;
-  float* R = QK + kChunk * kTPitch;  // [kChunk][BV + 1]
+  float* R = kStageT ? QK + kChunk * kTPitch : Ti;  // [kChunk][BV + 1]
   float* Vn = R + kChunk * (BV + 1);
   float* gam = Vn + kChunk * (BV + 1);
   float* bet = gam + kChunk;
@@ -207,12 +212,17 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_state_kernel(GdnParam
     const std::int64_t row0 = static_cast<std::int64_t>(seq0) + t0;
     __syncthreads();  // the previous chunk is done with every buffer
     load_normalized_qk(p, row0, m, kh, qs, ks);
-    for (int idx = tid; idx < kChunk * kChunk; idx += kChunkThreads) {
-      const int i = idx / kChunk, j = idx % kChunk;
-      const float* rec = ws + ((row0 + i) * Hv + h) * kWsRecord;
-      Ti[i * kTPitch + j] = i < m ? rec[j] : 0.0f;
-      QK[i * kTPitch + j] = i < m ? rec[kChunk + j] : 0.0f;
+    if constexpr (kStageT) {
+      for (int idx = tid; idx < kChunk * kChunk; idx += kChunkThreads) {
+        const int i = idx / kChunk, j = idx % kChunk;
+        const float* rec = ws + ((row0 + i) * Hv + h) * kWsRecord;
+        Ti[i * kTPitch + j] = i < m ? rec[j] : 0.0f;
+        QK[i * kTPitch + j] = i < m ? rec[kChunk + j] : 0.0f;
+      }
     }
+    // Row i of T⁻¹ (QK): staged, or the workspace record of the chunk's row i (rows ≥ m are zero).
+    const auto t_row = [&](int i) { return kStageT ? Ti + i * kTPitch : ws + ((row0 + i) * Hv + h) * kWsRecord; };
+    const auto qk_row = [&](int i) { return kStageT ? QK + i * kTPitch : ws + ((row0 + i) * Hv + h) * kWsRecord + kChunk; };
     if (tid < kChunk) {
       const float* rec = ws + ((row0 + tid) * Hv + h) * kWsRecord;
       gam[tid] = tid < m ? rec[2 * kChunk] : 0.0f;
@@ -255,7 +265,10 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_state_kernel(GdnParam
     for (int x = 0; x < RO; ++x) {
       const int i = warp + warps * x;
       float acc = 0.0f;
-      for (int j = 0; j <= i; ++j) acc += Ti[i * kTPitch + j] * R[j * (BV + 1) + lane];
+      if (i < m) {
+        const float* ti = t_row(i);
+        for (int j = 0; j <= i; ++j) acc += ti[j] * R[j * (BV + 1) + lane];
+      }
       Vn[i * (BV + 1) + lane] = i < m ? acc : 0.0f;
     }
     __syncthreads();
@@ -264,7 +277,10 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunk_state_kernel(GdnParam
     for (int x = 0; x < RO; ++x) {
       const int i = warp + warps * x;
       float acc = qsum[x];
-      for (int j = 0; j <= i; ++j) acc += QK[i * kTPitch + j] * Vn[j * (BV + 1) + lane];
+      if (i < m) {
+        const float* qk = qk_row(i);
+        for (int j = 0; j <= i; ++j) acc += qk[j] * Vn[j * (BV + 1) + lane];
+      }
       if (i < m && col_ok)
         p.out[(row0 + i) * p.ld_out + static_cast<std::int64_t>(h) * dv + col] = detail::from_float<bf16>(acc);
     }

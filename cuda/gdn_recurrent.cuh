@@ -1,7 +1,7 @@
 #pragma once
 // The gated delta rule, token by token (the decode and MTP-verify form), gates and q/k L2 norm fused.
-// Reference: layers::delta_rule_recurrent (include/gdn/layers/delta_rule.hpp) after the gating and
-// normalisation of layers::GatedDeltaNetLayer.
+// Reference: the CPU backend's delta_rule_recurrent (src/backend/cpu/kernels/delta_rule.hpp) after
+// its gating and q/k normalisation (kernels/kernel_set.hpp).
 //
 // One block per (32 value columns, value head, sequence), 4 warps. Warp w keeps rows
 // [32w, 32w + 32) of the block's dk×32 slab of S in registers, lane j column j, so every state
@@ -40,6 +40,7 @@ __global__ void __launch_bounds__(kRecThreads) gdn_recurrent_kernel(GdnParams p)
   const int len = p.cu_seqlens[s + 1] - row0;
   const std::int64_t head_elems = static_cast<std::int64_t>(dk) * dv;
   float* S = p.state + static_cast<std::int64_t>(p.slots[s]) * p.state_slot_stride + h * head_elems;
+  const bool record = p.snapshots != nullptr && (p.snapshot_record == nullptr || p.snapshot_record[s] != 0);
 
   float st[R];
 #pragma unroll
@@ -95,8 +96,9 @@ __global__ void __launch_bounds__(kRecThreads) gdn_recurrent_kernel(GdnParams p)
       for (int w = 0; w < kRecThreads / detail::kWarp; ++w) o += red[w][lane];
       p.out[r * p.ld_out + static_cast<std::int64_t>(h) * dv + col] = detail::from_float<bf16>(o);
     }
-    if (p.snapshots != nullptr && col_ok) {
-      float* snap = p.snapshots + s * p.snapshot_seq_stride + t * p.snapshot_token_stride + h * head_elems;
+    if (record && col_ok) {
+      float* snap = p.snapshots + static_cast<std::int64_t>(p.slots[s]) * p.snapshot_seq_stride + t * p.snapshot_token_stride +
+                    h * head_elems;
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         const int a = warp * R + i;
@@ -123,9 +125,11 @@ __global__ void __launch_bounds__(kSelectThreads) select_snapshots_kernel(Snapsh
   if (i * 16 >= p.bytes) return;
   const int keep = p.keep[s];
   if (keep <= 0) return;
-  const char* src = static_cast<const char*>(p.snapshots) + s * p.seq_stride_bytes + (keep - 1) * p.token_stride_bytes;
-  char* dst = static_cast<char*>(p.pool) + static_cast<std::int64_t>(p.slots[s]) * p.slot_stride_bytes;
-  reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  const std::int64_t slot = p.slots[s];
+  char* snap = static_cast<char*>(p.snapshots) + slot * p.seq_stride_bytes + (keep - 1) * p.token_stride_bytes;
+  char* pool = static_cast<char*>(p.pool) + slot * p.slot_stride_bytes;
+  if (p.to_snapshots) reinterpret_cast<uint4*>(snap)[i] = reinterpret_cast<const uint4*>(pool)[i];
+  else reinterpret_cast<uint4*>(pool)[i] = reinterpret_cast<const uint4*>(snap)[i];
 }
 
 }  // namespace kernels

@@ -5,7 +5,7 @@
 #include <map>
 #include <tuple>
 
-namespace gdn::cuda {
+GDN_CUDA_NAMESPACE_BEGIN
 
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
@@ -100,4 +100,4 @@ int Gemm::run(const GemmArgs& a, cudaStream_t stream) {
   return static_cast<int>(s);
 }
 
-}  // namespace gdn::cuda
+GDN_CUDA_NAMESPACE_END

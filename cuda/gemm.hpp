@@ -16,7 +16,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
-namespace gdn::cuda {
+#include "kernels.hpp"
+
+// Under the emulator (gemm_emulated.cpp) a Gemm is a plain float loop with the same contract,
+// run (or recorded into a graph) on the emulated stream: cuBLASLt itself is checked on a GPU only.
+GDN_CUDA_NAMESPACE_BEGIN
 
 enum class GemmOut { bfloat16, float32 };
 
@@ -52,4 +56,4 @@ class Gemm {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace gdn::cuda
+GDN_CUDA_NAMESPACE_END

@@ -62,9 +62,11 @@ struct Conv1dParams {
   const std::int32_t* slots = nullptr;       // [num_seqs]
   const std::int32_t* cu_seqlens = nullptr;  // [num_seqs + 1]
   // update only, optional: the history after each token t of sequence s, for rollback, at
-  // snapshots + s·snapshot_seq_stride + t·snapshot_token_stride ([K−1][channels] each).
+  // snapshots + slots[s]·snapshot_seq_stride + t·snapshot_token_stride ([K−1][channels] each), for
+  // the sequences whose snapshot_record[s] is non-zero (every sequence when snapshot_record is null).
   bf16* snapshots = nullptr;
   std::int64_t snapshot_seq_stride = 0, snapshot_token_stride = 0;
+  const std::int32_t* snapshot_record = nullptr;
   int num_seqs = 0;
   int channels = 0;
   int kernel_size = 4;  // K; 4 is the only one compiled (every Qwen3.5/3.6/Next checkpoint)
@@ -99,9 +101,11 @@ struct GdnParams {
   bf16* out = nullptr;  // value head h of row r at out + r·ld_out + h·dv
   std::int64_t ld_out = 0;
   // gdn_recurrent only, optional: the state after token t of sequence s (all heads, [Hv][dk][dv])
-  // at snapshots + s·snapshot_seq_stride + t·snapshot_token_stride, for exact MTP rollback.
+  // at snapshots + slots[s]·snapshot_seq_stride + t·snapshot_token_stride, for exact MTP rollback,
+  // for the sequences whose snapshot_record[s] is non-zero (all when null).
   float* snapshots = nullptr;
   std::int64_t snapshot_seq_stride = 0, snapshot_token_stride = 0;
+  const std::int32_t* snapshot_record = nullptr;
   int num_k_heads = 0, num_v_heads = 0, dk = 0, dv = 0;
 };
 // Fused recurrent form: token by token, the state read once and written once per launch (plus
@@ -114,17 +118,20 @@ std::size_t gdn_chunked_workspace_bytes(std::int64_t rows, int num_v_heads);
 cudaError_t gdn_chunked(const GdnParams& p, int max_seqlen, float* workspace, cudaStream_t stream);
 
 // Rollback after MTP verification: for each sequence s with keep[s] ≥ 1, copies its snapshot
-// keep[s]−1 (taken by gdn_recurrent or causal_conv1d_update) over its slot in the pool. Sizes and
-// strides in bytes; bytes, strides and pointers must be multiples of 16.
+// keep[s]−1 (at snapshots + slots[s]·seq_stride + (keep[s]−1)·token_stride, as gdn_recurrent and
+// causal_conv1d_update write them) over its slot in the pool; with to_snapshots, the other way
+// (the slot's state into that snapshot: a step's start state). Sizes and strides in bytes; bytes,
+// strides and pointers must be multiples of 16.
 struct SnapshotSelect {
   void* pool = nullptr;
   std::int64_t slot_stride_bytes = 0;
   const std::int32_t* slots = nullptr;
-  const void* snapshots = nullptr;
+  void* snapshots = nullptr;
   std::int64_t seq_stride_bytes = 0, token_stride_bytes = 0;
   const std::int32_t* keep = nullptr;  // [num_seqs], tokens accepted (0: leave the slot as it is)
   std::int64_t bytes = 0;              // per slot
   int num_seqs = 0;
+  bool to_snapshots = false;
 };
 cudaError_t select_snapshots(const SnapshotSelect& p, cudaStream_t stream);
 
@@ -158,7 +165,7 @@ struct AttnPrepareParams {
   std::int64_t ld_k = 0, ld_v = 0;
   const float* q_norm_scale = nullptr;  // [hd]: 1 + q_norm.weight
   const float* k_norm_scale = nullptr;  // [hd]: 1 + k_norm.weight
-  const float* inv_freq = nullptr;      // [rotary_dim/2]: theta^(−2i/rotary_dim), as layers::Rope
+  const float* inv_freq = nullptr;      // [rotary_dim/2]: theta^(−2i/rotary_dim), as the CPU backend (rope_inverse_frequencies)
   int rotary_dim = 0;
   float eps = 1e-6f;
   bf16* q_out = nullptr;  // [rows][ld_q_out]: head h at h·hd
@@ -185,14 +192,34 @@ struct AttnParams {
   int num_q_heads = 0, num_kv_heads = 0, head_dim = 0;  // head_dim 32, 64, 128 or 256
   float scale = 0.0f;                                   // 1/sqrt(head_dim)
 };
-// Decode (flash-decoding): each (row, query head)'s positions split into `splits` parts, one block
-// each, merged by a second kernel. `splits` is fixed at launch so the call can sit in a graph while
-// the lengths change; 1 skips the merge. The workspace holds the partial results.
-int attention_decode_splits(int rows, int num_q_heads, int max_kv_len, int sm_count) noexcept;
+// Decode (flash-decoding): each (row, query head)'s positions split into runs of split_len
+// positions, one block each (splits of them, the most any row needs), merged by a second kernel.
+// Both are fixed for a context (from its max_context), so the call can sit in a graph while the
+// lengths change, and a row's result is the same whatever else is in the batch. 1 split skips the
+// merge. The workspace holds the partial results.
+int attention_decode_split_len(int max_kv_len) noexcept;
+int attention_decode_splits(int max_kv_len, int split_len) noexcept;
 std::size_t attention_decode_workspace_bytes(int rows, int num_q_heads, int head_dim, int splits) noexcept;
-cudaError_t attention_decode(const AttnParams& p, int splits, float* workspace, cudaStream_t stream);
+cudaError_t attention_decode(const AttnParams& p, int splits, int split_len, float* workspace, cudaStream_t stream);
 // Prefill: tiles of 16 query rows of one head against 32-position key tiles, online softmax.
 cudaError_t attention_prefill(const AttnParams& p, int max_q_len, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Projections of a few rows (gemv.cuh): y[r][o] = Σ_i x[r][i]·w[o][i], bf16 in, float32 sums,
+// bf16 or float32 out. Batch-invariant (an element of y does not depend on the other rows); reads
+// each weight once per 8 rows, so it is meant for decode and MTP verification (the CUDA backend
+// uses it up to 16 rows and cuBLASLt above).
+struct GemvParams {
+  const bf16* x = nullptr;  // [rows][ldx]
+  std::int64_t ldx = 0;
+  const bf16* w = nullptr;  // [out][ldw]
+  std::int64_t ldw = 0;
+  void* y = nullptr;        // [rows][ldy], float when f32_out
+  std::int64_t ldy = 0;
+  bool f32_out = false;
+  int rows = 0, in = 0, out = 0;
+};
+cudaError_t gemv(const GemvParams& p, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Norms and element-wise kernels (norm.cuh).

@@ -11,7 +11,11 @@ cudaError_t rmsnorm(const bf16* x, std::int64_t ld_x, bf16* residual, std::int64
     return cudaErrorInvalidValue;
   const bool vec = n % 8 == 0 && ld_x % 8 == 0 && ld_y % 8 == 0 && detail::aligned(x, 16) && detail::aligned(y, 16) &&
                    (residual == nullptr || (ld_residual % 8 == 0 && detail::aligned(residual, 16)));
-  const dim3 grid(static_cast<unsigned>(rows)), block(kernels::kNormThreads);
+  // A warp per 32 vectors of the row, up to kNormThreads (a 64-wide fixture row needs one warp,
+  // a 5120-wide one all eight).
+  const int vectors = detail::ceil_div(n, vec ? 8 : 1);
+  const int threads = detail::imin(kernels::kNormThreads, detail::ceil_div(vectors, detail::kWarp) * detail::kWarp);
+  const dim3 grid(static_cast<unsigned>(rows)), block(static_cast<unsigned>(threads));
   return vec ? detail::launch(kernels::rmsnorm_kernel<8>, grid, block, 0, stream, x, ld_x, residual, ld_residual, weight,
                               weight_offset, y, ld_y, n, eps)
              : detail::launch(kernels::rmsnorm_kernel<1>, grid, block, 0, stream, x, ld_x, residual, ld_residual, weight,

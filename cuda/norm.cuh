@@ -1,7 +1,7 @@
 #pragma once
 // RMSNorm in both conventions (with the residual add fused), the GDN gated norm, SwiGLU, partial
-// NeoX RoPE, embedding rows and random fill. References: layers::rms_norm / rms_norm_gated
-// (rms_norm.hpp), layers::Rope::apply (rope.hpp), layers::mlp_forward (mlp.hpp).
+// NeoX RoPE, embedding rows and random fill. References: the CPU rms_norm / rms_norm_gated
+// (src/backend/cpu/kernels/rms_norm.hpp), rope_apply (rope.hpp), the SwiGLU of kernel_set.hpp.
 
 #include "common.cuh"
 #include "kernels.hpp"
@@ -9,7 +9,7 @@
 GDN_CUDA_NAMESPACE_BEGIN
 namespace kernels {
 
-constexpr int kNormThreads = 256;
+constexpr int kNormThreads = 256;  // at most; a row of n elements gets enough warps for n / V vectors
 
 // One block per row; V-element vectors (V = 8 when the row allows 16-byte accesses, else 1).
 // The residual sum is rounded to bf16 before it is normalised, as a bf16 residual stream is.
@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const bf16* xr = x + r * ld_x;
   bf16* res = residual != nullptr ? residual + r * ld_res : nullptr;
   float ss = 0.0f;
-  for (int i = static_cast<int>(threadIdx.x) * V; i < n; i += kNormThreads * V) {
+  for (int i = static_cast<int>(threadIdx.x) * V; i < n; i += static_cast<int>(blockDim.x) * V) {
     float v[V];
     detail::load_bf16<V>(xr + i, v);
     if (res != nullptr) {
@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kNormThreads)
   }
   const float inv = 1.0f / sqrtf(detail::block_sum(ss, scratch) / static_cast<float>(n) + eps);
   const bf16* src = res != nullptr ? res : xr;
-  for (int i = static_cast<int>(threadIdx.x) * V; i < n; i += kNormThreads * V) {
+  for (int i = static_cast<int>(threadIdx.x) * V; i < n; i += static_cast<int>(blockDim.x) * V) {
     float v[V];
     detail::load_bf16<V>(src + i, v);
 #pragma unroll

@@ -345,6 +345,48 @@ int max_len(const std::vector<int>& lens) { return lens.empty() ? 0 : *std::max_
 // ================================================================================================
 
 
+TEST_CASE("CUDA few-row projection (GEMV): float32 sums of bf16 products, batch-invariant", "[cuda]") {
+  GDN_NEED_DEVICE();
+  Rng rng(5);
+  // Sizes off every multiple the kernel uses (16 outputs a block, 8 rows a group, 256 columns a
+  // warp step), with and without 16-byte vector loads (in % 8).
+  for (const auto& [in, out] : {std::pair{200, 37}, std::pair{128, 512}, std::pair{77, 19}, std::pair{1032, 48}}) {
+    const int max_rows = 20;
+    const BfData x = bf_normal(rng, static_cast<std::size_t>(max_rows) * in, 1.0f);
+    const BfData w = bf_normal(rng, static_cast<std::size_t>(out) * in, 0.05f);
+    std::vector<float> ref(static_cast<std::size_t>(max_rows) * out);
+    for (int r = 0; r < max_rows; ++r)
+      for (int o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int i = 0; i < in; ++i) acc += static_cast<double>(x.f[static_cast<std::size_t>(r * in + i)]) * w.f[static_cast<std::size_t>(o * in + i)];
+        ref[static_cast<std::size_t>(r * out + o)] = static_cast<float>(acc);
+      }
+    Buf<bf16> dx(x.b), dw(w.b);
+    std::vector<float> first;  // rows computed one at a time
+    for (const int rows : {1, 3, 8, 9, 20}) {
+      INFO("in " << in << " out " << out << " rows " << rows);
+      Buf<float> dy(static_cast<std::size_t>(rows) * out);
+      gc::GemvParams p;
+      p.x = dx.get();
+      p.ldx = in;
+      p.w = dw.get();
+      p.ldw = in;
+      p.y = dy.get();
+      p.ldy = out;
+      p.f32_out = true;
+      p.rows = rows;
+      p.in = in;
+      p.out = out;
+      REQUIRE(gc::gemv(p, no_stream()) == cudaSuccess);
+      const auto got = dy.download();
+      check_close("gemv vs float64", got, std::vector<float>(ref.begin(), ref.begin() + rows * out), 1e-4f, 1e-4f);
+      if (rows == 1) first = got;
+      // Row 0 is the same sequence of operations whatever else is in the call.
+      CHECK(std::equal(first.begin(), first.end(), got.begin()));
+    }
+  }
+}
+
 TEST_CASE("CUDA causal conv1d: varlen prefill and multi-token update with snapshots", "[cuda]") {
   GDN_NEED_DEVICE();
   constexpr int K = 4;
@@ -385,7 +427,8 @@ TEST_CASE("CUDA causal conv1d: varlen prefill and multi-token update with snapsh
     Buf<bf16> dx(x.b), dw(w.b), dhist(hist.b), dout(static_cast<std::size_t>(rows) * C);
     Buf<std::int32_t> dslots(slots), dcu(cu);
     const int max_t = 4;
-    Buf<bf16> dsnap(update ? static_cast<std::size_t>(n) * max_t * (K - 1) * C : 0);
+    // Snapshots by slot (a slot's entries at slots[s]·seq_stride), for every slot of the pool.
+    Buf<bf16> dsnap(update ? static_cast<std::size_t>(pool) * max_t * (K - 1) * C : 0);
     gc::Conv1dParams p;
     p.x = dx.get();
     p.ld_x = C;
@@ -417,7 +460,7 @@ TEST_CASE("CUDA causal conv1d: varlen prefill and multi-token update with snapsh
         for (int t = 0; t < lens[s]; ++t) {
           const auto& r = ref_snap[static_cast<std::size_t>(s * 16 + t)];
           want.insert(want.end(), r.begin(), r.end());
-          const float* g = snap.data() + (static_cast<std::int64_t>(s) * max_t + t) * (K - 1) * C;
+          const float* g = snap.data() + (static_cast<std::int64_t>(slots[static_cast<std::size_t>(s)]) * max_t + t) * (K - 1) * C;
           got.insert(got.end(), g, g + (K - 1) * C);
         }
       check_close("conv1d per-token snapshots (exact)", got, want, 0.0f, 0.0f);
@@ -437,7 +480,7 @@ TEST_CASE("CUDA fused recurrent GDN (T = 1..4, gates and q/k norm fused) equals 
 
     GdnDevice d(c);
     const int max_t = 4;
-    Buf<float> dsnap(c.lens.size() * max_t * static_cast<std::size_t>(c.slot_elems()));
+    Buf<float> dsnap(static_cast<std::size_t>(c.pool_slots) * max_t * static_cast<std::size_t>(c.slot_elems()));
     gc::GdnParams p = d.p;
     p.snapshots = dsnap.get();
     p.snapshot_token_stride = c.slot_elems();
@@ -452,7 +495,7 @@ TEST_CASE("CUDA fused recurrent GDN (T = 1..4, gates and q/k norm fused) equals 
       for (int t = 0; t < c.lens[s]; ++t) {
         const auto& r = snaps[s * 16 + static_cast<std::size_t>(t)];
         want.insert(want.end(), r.begin(), r.end());
-        const float* g = snap.data() + (static_cast<std::int64_t>(s) * max_t + t) * c.slot_elems();
+        const float* g = snap.data() + (static_cast<std::int64_t>(c.slots[s]) * max_t + t) * c.slot_elems();
         got.insert(got.end(), g, g + c.slot_elems());
       }
     check_close("per-token state snapshots", got, want, 2e-5f, 1e-4f);
@@ -781,10 +824,14 @@ TEST_CASE("CUDA gated attention over paged KV: prepare (norm, rope, append), spl
 
     Buf<bf16> out(static_cast<std::size_t>(c.rows) * c.Hq * c.hd);
     if (run.decode) {
-      for (const int splits : {1, 3, 64}) {
-        Buf<float> ws(gc::attention_decode_workspace_bytes(c.rows, c.Hq, c.hd, splits) / sizeof(float));
-        REQUIRE(gc::attention_decode(d.attn(c, out.get()), splits, ws.get(), no_stream()) == cudaSuccess);
-        const std::string what = "decode output, " + std::to_string(splits) + " split(s)";
+      // Split lengths: one split for everything, a few, and many short ones (some rows then have
+      // empty splits); the same arithmetic per split either way.
+      const int longest = *std::max_element(c.kv_lens.begin(), c.kv_lens.end());
+      for (const int split_len : {longest, 16, 48, gc::attention_decode_split_len(longest)}) {
+        const int splits = gc::attention_decode_splits(longest, split_len);
+        Buf<float> ws(gc::attention_decode_workspace_bytes(c.rows, c.Hq, c.hd, splits) / sizeof(float) + 1);
+        REQUIRE(gc::attention_decode(d.attn(c, out.get()), splits, split_len, ws.get(), no_stream()) == cudaSuccess);
+        const std::string what = "decode output, " + std::to_string(splits) + " split(s) of " + std::to_string(split_len);
         check_close(what.c_str(), widen(out.download()), ref, 2e-3f, 5e-3f);
       }
     } else {
@@ -1110,11 +1157,11 @@ TEST_CASE("CUDA decode kernels replay in a CUDA graph with the same results as d
     GdnDevice d(c);
     AttnDevice ad(ac);
     Buf<bf16> out(static_cast<std::size_t>(ac.rows) * ac.Hq * ac.hd);
-    const int splits = 4;
+    const int split_len = 96, splits = gc::attention_decode_splits(301, split_len);
     Buf<float> ws(gc::attention_decode_workspace_bytes(ac.rows, ac.Hq, ac.hd, splits) / sizeof(float));
     const auto step = [&] {
       REQUIRE(gc::gdn_recurrent(d.p, 1, stream) == cudaSuccess);
-      REQUIRE(gc::attention_decode(ad.attn(ac, out.get()), splits, ws.get(), stream) == cudaSuccess);
+      REQUIRE(gc::attention_decode(ad.attn(ac, out.get()), splits, split_len, ws.get(), stream) == cudaSuccess);
     };
     REQUIRE(gc::attention_prepare(ad.prepare(ac), stream) == cudaSuccess);
     if (graph) {
