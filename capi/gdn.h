@@ -28,10 +28,35 @@
  *     small gets told the size it needs; see "Caller buffers"). No C++ exception ever crosses this
  *     boundary.
  *   - A gdn_model is immutable and may be shared by any number of threads and contexts. A
- *     gdn_context (and a gdn_batch) is used by one thread at a time.
+ *     gdn_context (and a gdn_batch) is used by one thread at a time; the library enforces it (see
+ *     "Threads").
  *   - A context keeps its model alive: gdn_model_free may come before gdn_context_free. Likewise a
  *     speculative decoder keeps its context alive, a stream decoder its tokenizer's tables, and a
  *     speculative decoder the samplers of the sequences it runs.
+ *
+ * Threads
+ *   gdn_model, gdn_tokenizer and gdn_generation_result are immutable: any number of threads may use
+ *   one at once. Every other handle is used by one thread at a time, and a call that breaks the rule
+ *   is refused rather than allowed to corrupt the handle: each call marks the handles it uses as in
+ *   use for its duration (an atomic flag; no lock, nothing allocated), and a call that finds a
+ *   handle already in use returns GDN_STATUS_BUSY at once, having changed nothing, with a message
+ *   naming the handle and the rule ("gdn_context_step: the context is in use by another thread; a
+ *   gdn_context is used by one thread at a time ..."). A host that shares a handle between threads
+ *   serialises its calls itself (a mutex per context); BUSY means it did not. In detail:
+ *     - gdn_context: every call on it, the read-only ones (lengths, outputs, memory) included. A
+ *       gdn_generate / gdn_generate_batch on it holds it for the whole generation, and a gdn_speculative
+ *       call holds the context it drives: so a text callback that calls back into the context gets
+ *       BUSY, as does gdn_seq_is_valid, which has no status to return: it reads false then, with the
+ *       reason in gdn_last_error().
+ *     - gdn_batch: gdn_batch_add / _clear change it; gdn_context_step / _step_mtp and gdn_batch_size
+ *       only read it, so steps on several contexts may read one batch at once, but not while it changes.
+ *     - gdn_sampler, gdn_stream_decoder, gdn_speculative: every call. A speculative decoder's start and
+ *       advance also hold the samplers of the sequences they draw for.
+ *     - Pointers the library hands out (logits, hidden states, a stream decoder's text) are read
+ *       without any flag: they stay valid as documented at each call (until the next step, ...). A
+ *       logits pointer read after another step of its context reads that step's numbers, or the
+ *       outgrown buffer's stale ones, never freed memory (gdn_context_params.max_logits_rows).
+ *     - gdn_*_free ends a handle's life: it must not race with other calls on that handle.
  *
  * Versioning (ABI rule)
  *   GDN_ABI_VERSION changes only on a break: a function removed or its signature or meaning changed,
@@ -100,7 +125,9 @@ typedef enum gdn_status {
     GDN_STATUS_CONTEXT_OVERFLOW = 9,    /* a sequence would grow past the context's max_context */
     GDN_STATUS_INVALID_TOKEN = 10,      /* a token id outside [0, vocab_size) */
     GDN_STATUS_BACKEND_UNAVAILABLE = 11, /* the requested backend was not built or has no device */
-    GDN_STATUS_INTERNAL = 12            /* a bug in libgdn; please report it */
+    GDN_STATUS_INTERNAL = 12,           /* a bug in libgdn; please report it */
+    GDN_STATUS_BUSY = 13                /* the handle (or the context it drives) is in use by another thread, or by the
+                                           call whose callback is running: see "Threads" below */
 } gdn_status;
 
 typedef int32_t gdn_token;
@@ -348,7 +375,8 @@ GDN_API gdn_status gdn_batch_size(const gdn_batch *batch, int64_t *out_tokens, i
 
 /* Advances every sequence in the batch by its tokens. The whole batch is validated first; on
  * error nothing has changed. Returns OK, INVALID_ARGUMENT, INVALID_SEQUENCE, INVALID_TOKEN,
- * CONTEXT_OVERFLOW or OUT_OF_CAPACITY. */
+ * CONTEXT_OVERFLOW, OUT_OF_CAPACITY or BUSY (the context, or the batch, in use by another thread:
+ * see "Threads"). */
 GDN_API gdn_status gdn_context_step(gdn_context *ctx, const gdn_batch *batch);
 
 /* Runs the multi-token-prediction head: for batch token i, hidden row i (hidden_size floats) is the
@@ -487,7 +515,7 @@ GDN_API gdn_status gdn_tokenizer_id_to_token(const gdn_tokenizer *tokenizer, gdn
 /* Incremental decoding for generation: one id in, only complete UTF-8 text out. The bytes of a
  * character split across tokens are held until it is complete. The concatenated pushes and the final
  * flush equal gdn_tokenizer_decode of the same ids. Keeps its tokenizer's tables alive (the
- * tokenizer may be freed first). One thread at a time. */
+ * tokenizer may be freed first). One thread at a time (BUSY otherwise). */
 typedef struct gdn_stream_decoder gdn_stream_decoder;
 
 /* flags: 0 or GDN_DECODE_SKIP_SPECIAL. */
@@ -562,7 +590,7 @@ static inline gdn_sampling_params gdn_sampling_default_params(void) {
 }
 
 /* One sequence's sampler: its settings, the tokens its penalties have seen, its RNG. Keep one per
- * sequence; one thread at a time. */
+ * sequence; one thread at a time (BUSY otherwise, also while a gdn_speculative call samples with it). */
 typedef struct gdn_sampler gdn_sampler;
 
 /* params may be NULL (greedy). vocab_size: the model's (gdn_model_config.vocab_size).
@@ -631,7 +659,7 @@ static inline gdn_generation_params gdn_generation_default_params(void) {
  * is final: never half a UTF-8 character, never the start of a stop string that may still complete.
  * text is NUL-terminated and valid only during the call. Return nonzero to go on, 0 to stop that
  * sequence (finish reason GDN_FINISH_CANCELLED). It runs on the calling thread and must not use the
- * context. */
+ * context (a call on it returns GDN_STATUS_BUSY: the generation holds it). */
 typedef int (*gdn_text_callback)(void *user_data, int32_t sequence, const char *text, size_t len);
 
 /* The results of one gdn_generate / gdn_generate_batch call: one per prompt, read through the
@@ -643,7 +671,7 @@ typedef struct gdn_generation_result gdn_generation_result;
  * sequence is left in the context and *out_result is not written.
  * Returns OK, INVALID_ARGUMENT (max_tokens < 1, an empty prompt, mtp_draft and a context without
  * enough max_rollback_tokens), UNSUPPORTED_MODEL (mtp_draft > 0 without an MTP head),
- * OUT_OF_CAPACITY (no free slot), CONTEXT_OVERFLOW, INVALID_TOKEN. */
+ * OUT_OF_CAPACITY (no free slot), CONTEXT_OVERFLOW, INVALID_TOKEN, BUSY (the context is in use). */
 GDN_API gdn_status gdn_generate(gdn_context *ctx, const gdn_tokenizer *tokenizer, const gdn_token *prompt, int64_t n_prompt,
                                 const gdn_generation_params *params, gdn_text_callback on_text, void *user_data,
                                 gdn_generation_result **out_result);
@@ -720,8 +748,9 @@ GDN_API gdn_status gdn_generation_result_get_speculative_stats(const gdn_generat
 
 typedef struct gdn_speculative gdn_speculative;
 
-/* A decoder on `ctx` (params may be NULL: defaults); it keeps the context alive, and is used from
- * the context's thread. UNSUPPORTED_MODEL when the model has no MTP head (or was loaded without
+/* A decoder on `ctx` (params may be NULL: defaults); it keeps the context alive. Its calls hold the
+ * context too, so they and the context's own calls are one thread at a time (BUSY otherwise), even
+ * after gdn_context_free. UNSUPPORTED_MODEL when the model has no MTP head (or was loaded without
  * it); INVALID_ARGUMENT when max_draft is outside [0, 16] or the context's max_rollback_tokens is
  * below max_draft + 1. */
 GDN_API gdn_status gdn_speculative_create(gdn_context *ctx, const gdn_speculative_params *params,

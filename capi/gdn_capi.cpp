@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <new>
@@ -26,6 +27,7 @@
 #include "gdn/runtime/sampling.hpp"
 #include "gdn/runtime/speculative.hpp"
 #include "gdn/text/chat_template.hpp"
+#include "use_flag.hpp"
 
 #ifndef GDN_VERSION_STRING
 #error "GDN_VERSION_STRING must be defined by the build (the CMake project version)"
@@ -47,6 +49,7 @@ GDN_SAME(GDN_STATUS_CONTEXT_OVERFLOW, gdn::Status::context_overflow);
 GDN_SAME(GDN_STATUS_INVALID_TOKEN, gdn::Status::invalid_token);
 GDN_SAME(GDN_STATUS_BACKEND_UNAVAILABLE, gdn::Status::backend_unavailable);
 GDN_SAME(GDN_STATUS_INTERNAL, gdn::Status::internal);
+GDN_SAME(GDN_STATUS_BUSY, gdn::Status::busy);
 GDN_SAME(GDN_BACKEND_CPU, gdn::Backend::cpu);
 GDN_SAME(GDN_BACKEND_CUDA, gdn::Backend::cuda);
 GDN_SAME(GDN_MATMUL_INPUT_FLOAT32, gdn::MatmulInput::float32);
@@ -87,14 +90,19 @@ struct gdn_model {
   std::shared_ptr<const gdn::Model> model;
 };
 
+// The "in use" flags (use_flag.hpp) live with what they guard: a context's is shared, like the
+// context, with the speculative decoders that drive it, so a decoder and a direct call exclude each
+// other even after gdn_context_free.
 struct gdn_context {
   std::uint32_t magic = context_magic;
   std::shared_ptr<gdn::Context> ctx;  // shared: a gdn_speculative keeps it alive
+  std::shared_ptr<gdn::capi::UseFlag> use = std::make_shared<gdn::capi::UseFlag>();
 };
 
 struct gdn_batch {
   std::uint32_t magic = batch_magic;
   gdn::Batch batch;
+  mutable gdn::capi::UseFlag use;  // claimed shared by the steps that read the batch
 };
 
 namespace {
@@ -131,6 +139,18 @@ gdn_status guard(const char* fn, F&& f) noexcept {
 }
 
 [[noreturn]] void invalid(const std::string& message) { throw gdn::Error(gdn::Status::invalid_argument, message); }
+
+// The claims a call makes on the handles it uses (use_flag.hpp); each names the handle and its rule
+// in the BUSY message. Every call on a context claims it exclusively, the read-only ones included:
+// gdn::Context promises nothing to concurrent readers, and a step may move the outputs they read.
+using gdn::capi::Claim;
+constexpr char context_rule[] = "a gdn_context is used by one thread at a time (its gdn_generate and gdn_speculative calls included)";
+constexpr char batch_rule[] = "a gdn_batch is changed by one thread at a time, and not while a step reads it";
+
+Claim claim(const gdn_context* c) { return Claim(*c->use, Claim::Mode::exclusive, "the context", context_rule); }
+Claim claim(gdn_batch* b) { return Claim(b->use, Claim::Mode::exclusive, "the batch", batch_rule); }
+// Steps on several contexts may read one batch at once.
+Claim claim_shared(const gdn_batch* b) { return Claim(b->use, Claim::Mode::shared, "the batch", batch_rule); }
 
 // The integer a C caller stored in an enum field or argument. Reading it as the enum type is
 // undefined behaviour when it is outside the enumerators' range (UBSan -fsanitize=enum flags it),
@@ -402,6 +422,7 @@ void gdn_context_free(gdn_context* ctx) {
 gdn_status gdn_context_get_memory(const gdn_context* ctx, gdn_context_memory* out_memory) {
   return guard("gdn_context_get_memory", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     gdn_context_memory m;
     std::memset(&m, 0, sizeof m);
     m.size = sizeof m;
@@ -420,6 +441,7 @@ gdn_status gdn_context_get_memory(const gdn_context* ctx, gdn_context_memory* ou
 gdn_status gdn_seq_create(gdn_context* ctx, gdn_seq_id* out_seq) {
   return guard("gdn_seq_create", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_seq, "out_seq");
     *out_seq = ctx->ctx->create_sequence();
   });
@@ -428,6 +450,7 @@ gdn_status gdn_seq_create(gdn_context* ctx, gdn_seq_id* out_seq) {
 gdn_status gdn_seq_reset(gdn_context* ctx, gdn_seq_id seq) {
   return guard("gdn_seq_reset", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     ctx->ctx->reset_sequence(seq);
   });
 }
@@ -435,6 +458,7 @@ gdn_status gdn_seq_reset(gdn_context* ctx, gdn_seq_id seq) {
 gdn_status gdn_seq_free(gdn_context* ctx, gdn_seq_id seq) {
   return guard("gdn_seq_free", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     ctx->ctx->free_sequence(seq);
   });
 }
@@ -442,6 +466,7 @@ gdn_status gdn_seq_free(gdn_context* ctx, gdn_seq_id seq) {
 gdn_status gdn_seq_length(const gdn_context* ctx, gdn_seq_id seq, int64_t* out_length) {
   return guard("gdn_seq_length", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_length, "out_length");
     *out_length = ctx->ctx->sequence_length(seq);
   });
@@ -450,6 +475,7 @@ gdn_status gdn_seq_length(const gdn_context* ctx, gdn_seq_id seq, int64_t* out_l
 gdn_status gdn_seq_mtp_length(const gdn_context* ctx, gdn_seq_id seq, int64_t* out_length) {
   return guard("gdn_seq_mtp_length", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_length, "out_length");
     *out_length = ctx->ctx->mtp_length(seq);
   });
@@ -457,7 +483,16 @@ gdn_status gdn_seq_mtp_length(const gdn_context* ctx, gdn_seq_id seq, int64_t* o
 
 bool gdn_seq_is_valid(const gdn_context* ctx, gdn_seq_id seq) {
   if (ctx == nullptr || ctx->magic != context_magic) return false;
-  return ctx->ctx->is_valid(seq);
+  // No status to return: a context in use reads as false, with the reason in gdn_last_error().
+  try {
+    const Claim use = claim(ctx);
+    return ctx->ctx->is_valid(seq);
+  } catch (const gdn::Error& e) {
+    fail(static_cast<gdn_status>(e.status()), "gdn_seq_is_valid", e.what());
+    return false;
+  } catch (...) {
+    return false;  // out of memory while reporting
+  }
 }
 
 // --- state control ---------------------------------------------------------------------------
@@ -465,6 +500,7 @@ bool gdn_seq_is_valid(const gdn_context* ctx, gdn_seq_id seq) {
 gdn_status gdn_seq_snapshot(gdn_context* ctx, gdn_seq_id seq, gdn_snapshot_id* out_snapshot) {
   return guard("gdn_seq_snapshot", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_snapshot, "out_snapshot");
     *out_snapshot = ctx->ctx->snapshot(seq);
   });
@@ -473,6 +509,7 @@ gdn_status gdn_seq_snapshot(gdn_context* ctx, gdn_seq_id seq, gdn_snapshot_id* o
 gdn_status gdn_snapshot_free(gdn_context* ctx, gdn_snapshot_id snapshot) {
   return guard("gdn_snapshot_free", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     ctx->ctx->free_snapshot(snapshot);
   });
 }
@@ -480,6 +517,7 @@ gdn_status gdn_snapshot_free(gdn_context* ctx, gdn_snapshot_id snapshot) {
 gdn_status gdn_seq_restore(gdn_context* ctx, gdn_seq_id seq, gdn_snapshot_id snapshot) {
   return guard("gdn_seq_restore", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     ctx->ctx->restore(seq, snapshot);
   });
 }
@@ -487,6 +525,7 @@ gdn_status gdn_seq_restore(gdn_context* ctx, gdn_seq_id seq, gdn_snapshot_id sna
 gdn_status gdn_seq_create_from(gdn_context* ctx, gdn_snapshot_id snapshot, gdn_seq_id* out_seq) {
   return guard("gdn_seq_create_from", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_seq, "out_seq");
     *out_seq = ctx->ctx->create_sequence_from(snapshot);
   });
@@ -495,6 +534,7 @@ gdn_status gdn_seq_create_from(gdn_context* ctx, gdn_snapshot_id snapshot, gdn_s
 gdn_status gdn_seq_fork(gdn_context* ctx, gdn_seq_id seq, gdn_seq_id* out_seq) {
   return guard("gdn_seq_fork", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_seq, "out_seq");
     *out_seq = ctx->ctx->fork_sequence(seq);
   });
@@ -503,6 +543,7 @@ gdn_status gdn_seq_fork(gdn_context* ctx, gdn_seq_id seq, gdn_seq_id* out_seq) {
 gdn_status gdn_seq_rollback(gdn_context* ctx, gdn_seq_id seq, int64_t keep) {
   return guard("gdn_seq_rollback", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     ctx->ctx->rollback(seq, keep);
   });
 }
@@ -510,6 +551,7 @@ gdn_status gdn_seq_rollback(gdn_context* ctx, gdn_seq_id seq, int64_t keep) {
 gdn_status gdn_seq_rollbackable_tokens(const gdn_context* ctx, gdn_seq_id seq, int64_t* out_tokens) {
   return guard("gdn_seq_rollbackable_tokens", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_tokens, "out_tokens");
     *out_tokens = ctx->ctx->rollbackable_tokens(seq);
   });
@@ -518,6 +560,7 @@ gdn_status gdn_seq_rollbackable_tokens(const gdn_context* ctx, gdn_seq_id seq, i
 gdn_status gdn_seq_truncate_mtp(gdn_context* ctx, gdn_seq_id seq, int64_t mtp_length) {
   return guard("gdn_seq_truncate_mtp", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     ctx->ctx->truncate_mtp(seq, mtp_length);
   });
 }
@@ -525,6 +568,7 @@ gdn_status gdn_seq_truncate_mtp(gdn_context* ctx, gdn_seq_id seq, int64_t mtp_le
 gdn_status gdn_seq_save(const gdn_context* ctx, gdn_seq_id seq, const char* path) {
   return guard("gdn_seq_save", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     if (path == nullptr) invalid("path is NULL");
     ctx->ctx->save_sequence(seq, path);
   });
@@ -533,6 +577,7 @@ gdn_status gdn_seq_save(const gdn_context* ctx, gdn_seq_id seq, const char* path
 gdn_status gdn_seq_load(gdn_context* ctx, const char* path, gdn_seq_id* out_seq) {
   return guard("gdn_seq_load", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_seq, "out_seq");
     if (path == nullptr) invalid("path is NULL");
     *out_seq = ctx->ctx->load_sequence(path);
@@ -562,6 +607,7 @@ void gdn_batch_free(gdn_batch* batch) {
 gdn_status gdn_batch_clear(gdn_batch* batch) {
   return guard("gdn_batch_clear", [&] {
     check(batch);
+    const Claim changing = claim(batch);
     batch->batch.clear();
   });
 }
@@ -570,6 +616,7 @@ gdn_status gdn_batch_add(gdn_batch* batch, gdn_seq_id seq, const gdn_token* toke
                          gdn_logits_mode logits, uint32_t flags, int64_t* out_first_row) {
   return guard("gdn_batch_add", [&] {
     check(batch);
+    const Claim changing = claim(batch);
     if (n_tokens < 0) invalid("n_tokens is " + std::to_string(n_tokens));
     if (tokens == nullptr && n_tokens > 0) invalid("tokens is NULL");
     const int mode = enum_int(logits);
@@ -589,6 +636,7 @@ gdn_status gdn_batch_add(gdn_batch* batch, gdn_seq_id seq, const gdn_token* toke
 gdn_status gdn_batch_size(const gdn_batch* batch, int64_t* out_tokens, int64_t* out_output_rows) {
   return guard("gdn_batch_size", [&] {
     check(batch);
+    const Claim reading = claim_shared(batch);
     if (out_tokens != nullptr) *out_tokens = batch->batch.token_count();
     if (out_output_rows != nullptr) *out_output_rows = batch->batch.output_rows();
   });
@@ -599,7 +647,9 @@ gdn_status gdn_batch_size(const gdn_batch* batch, int64_t* out_tokens, int64_t* 
 gdn_status gdn_context_step(gdn_context* ctx, const gdn_batch* batch) {
   return guard("gdn_context_step", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check(batch);
+    const Claim reading = claim_shared(batch);
     ctx->ctx->step(batch->batch);
   });
 }
@@ -607,7 +657,9 @@ gdn_status gdn_context_step(gdn_context* ctx, const gdn_batch* batch) {
 gdn_status gdn_context_step_mtp(gdn_context* ctx, const gdn_batch* batch, const float* hidden, int64_t n_hidden_rows) {
   return guard("gdn_context_step_mtp", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check(batch);
+    const Claim reading = claim_shared(batch);
     if (n_hidden_rows < 0) invalid("n_hidden_rows is " + std::to_string(n_hidden_rows));
     if (hidden == nullptr && n_hidden_rows > 0) invalid("hidden is NULL");
     const auto H = static_cast<std::size_t>(ctx->ctx->model().config().hidden_size);
@@ -620,6 +672,7 @@ gdn_status gdn_context_step_mtp(gdn_context* ctx, const gdn_batch* batch, const 
 gdn_status gdn_context_n_outputs(const gdn_context* ctx, int64_t* out_rows) {
   return guard("gdn_context_n_outputs", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_rows, "out_rows");
     *out_rows = ctx->ctx->output_rows();
   });
@@ -628,6 +681,7 @@ gdn_status gdn_context_n_outputs(const gdn_context* ctx, int64_t* out_rows) {
 gdn_status gdn_context_get_logits(const gdn_context* ctx, int64_t row, const float** out_logits) {
   return guard("gdn_context_get_logits", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_logits, "out_logits");
     *out_logits = ctx->ctx->logits(row).data();
   });
@@ -637,6 +691,7 @@ gdn_status gdn_context_copy_logits(const gdn_context* ctx, int64_t first_row, in
                                    int64_t dst_capacity) {
   return guard("gdn_context_copy_logits", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     const gdn::Context& c = *ctx->ctx;
     copy_rows(c, first_row, n_rows, c.model().config().vocab_size, dst, dst_capacity,
               [&](std::int64_t r) { return c.logits(r); }, "logits");
@@ -646,6 +701,7 @@ gdn_status gdn_context_copy_logits(const gdn_context* ctx, int64_t first_row, in
 gdn_status gdn_context_get_hidden(const gdn_context* ctx, int64_t row, const float** out_hidden) {
   return guard("gdn_context_get_hidden", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_hidden, "out_hidden");
     *out_hidden = ctx->ctx->hidden(row).data();
   });
@@ -655,6 +711,7 @@ gdn_status gdn_context_copy_hidden(const gdn_context* ctx, int64_t first_row, in
                                    int64_t dst_capacity) {
   return guard("gdn_context_copy_hidden", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     const gdn::Context& c = *ctx->ctx;
     copy_rows(c, first_row, n_rows, c.model().config().hidden_size, dst, dst_capacity,
               [&](std::int64_t r) { return c.hidden(r); }, "hidden");
@@ -731,12 +788,15 @@ struct gdn_stream_decoder {
   gdn::Tokenizer tok;
   gdn::StreamDecoder dec;
   std::string text;  // the last push/flush's text, handed out by pointer
+  gdn::capi::UseFlag use;
 };
 
 struct gdn_sampler {
   std::uint32_t magic = sampler_magic;
-  // Shared: a gdn_speculative that samples a sequence with it holds it until the sequence ends.
+  // Shared: a gdn_speculative that samples a sequence with it holds it until the sequence ends,
+  // and claims its flag for each call that samples with it.
   std::shared_ptr<gdn::Sampler> sampler;
+  std::shared_ptr<gdn::capi::UseFlag> use = std::make_shared<gdn::capi::UseFlag>();
 };
 
 struct gdn_generation_result {
@@ -745,13 +805,20 @@ struct gdn_generation_result {
 };
 
 struct gdn_speculative {
-  gdn_speculative(std::shared_ptr<gdn::Context> c, const gdn::SpeculativeParams& p)
-      : ctx(std::move(c)), dec(*ctx, p), max_draft(p.max_draft) {}
+  gdn_speculative(const gdn_context& c, const gdn::SpeculativeParams& p)
+      : ctx(c.ctx), ctx_use(c.use), dec(*ctx, p), max_draft(p.max_draft) {}
+  // A started sequence's sampler, with the flag its gdn_sampler handle claims.
+  struct SamplerRef {
+    std::shared_ptr<gdn::Sampler> sampler;
+    std::shared_ptr<gdn::capi::UseFlag> use;
+  };
   std::uint32_t magic = speculative_magic;
   std::shared_ptr<gdn::Context> ctx;  // declared first, so destroyed after the decoder that uses it
+  std::shared_ptr<gdn::capi::UseFlag> ctx_use;  // the context's flag: the decoder's calls claim it too
   gdn::SpeculativeDecoder dec;
   int max_draft;
-  std::unordered_map<gdn::SeqId, std::shared_ptr<gdn::Sampler>> samplers;  // of the started sequences
+  std::unordered_map<gdn::SeqId, SamplerRef> samplers;  // of the started sequences
+  mutable gdn::capi::UseFlag use;
 };
 
 namespace {
@@ -761,6 +828,19 @@ void check(const gdn_stream_decoder* d) { check_handle(d, stream_decoder_magic, 
 void check(const gdn_sampler* s) { check_handle(s, sampler_magic, "sampler"); }
 void check(const gdn_generation_result* r) { check_handle(r, generation_magic, "generation result"); }
 void check(const gdn_speculative* s) { check_handle(s, speculative_magic, "speculative decoder"); }
+
+Claim claim(gdn_stream_decoder* d) {
+  return Claim(d->use, Claim::Mode::exclusive, "the stream decoder", "a gdn_stream_decoder is used by one thread at a time");
+}
+constexpr char sampler_rule[] =
+    "a gdn_sampler is used by one thread at a time (a gdn_speculative samples with it until its sequence finishes)";
+Claim claim(const gdn_sampler* s) { return Claim(*s->use, Claim::Mode::exclusive, "the sampler", sampler_rule); }
+// Every call on a decoder claims the context too: the decoder keeps per-sequence state that only
+// makes sense together with the context's.
+Claim claim(const gdn_speculative* s) {
+  return Claim(s->use, Claim::Mode::exclusive, "the speculative decoder", "a gdn_speculative is used by one thread at a time");
+}
+Claim claim_context(const gdn_speculative* s) { return Claim(*s->ctx_use, Claim::Mode::exclusive, "its context", context_rule); }
 
 #define GDN_END_OF(type, field) static_cast<std::uint32_t>(offsetof(type, field) + sizeof(type::field))
 constexpr std::uint32_t chat_params_v1 = GDN_END_OF(gdn_chat_params, preserve_thinking);
@@ -1065,6 +1145,7 @@ void gdn_stream_decoder_free(gdn_stream_decoder* decoder) {
 gdn_status gdn_stream_decoder_push(gdn_stream_decoder* decoder, gdn_token id, const char** out_text, size_t* out_len) {
   return guard("gdn_stream_decoder_push", [&] {
     check(decoder);
+    const Claim use = claim(decoder);
     check_out(out_text, "out_text");
     check_out(out_len, "out_len");
     decoder->text = decoder->dec.push(id);  // checks the id before it changes anything
@@ -1076,6 +1157,7 @@ gdn_status gdn_stream_decoder_push(gdn_stream_decoder* decoder, gdn_token id, co
 gdn_status gdn_stream_decoder_flush(gdn_stream_decoder* decoder, const char** out_text, size_t* out_len) {
   return guard("gdn_stream_decoder_flush", [&] {
     check(decoder);
+    const Claim use = claim(decoder);
     check_out(out_text, "out_text");
     check_out(out_len, "out_len");
     decoder->text = decoder->dec.flush();
@@ -1087,6 +1169,7 @@ gdn_status gdn_stream_decoder_flush(gdn_stream_decoder* decoder, const char** ou
 gdn_status gdn_stream_decoder_reset(gdn_stream_decoder* decoder) {
   return guard("gdn_stream_decoder_reset", [&] {
     check(decoder);
+    const Claim use = claim(decoder);
     decoder->dec.reset();
   });
 }
@@ -1146,6 +1229,7 @@ void gdn_sampler_free(gdn_sampler* sampler) {
 gdn_status gdn_sampler_observe(gdn_sampler* sampler, const gdn_token* tokens, int64_t n_tokens) {
   return guard("gdn_sampler_observe", [&] {
     check(sampler);
+    const Claim use = claim(sampler);
     sampler->sampler->observe(token_span(tokens, n_tokens, "tokens"));
   });
 }
@@ -1153,6 +1237,7 @@ gdn_status gdn_sampler_observe(gdn_sampler* sampler, const gdn_token* tokens, in
 gdn_status gdn_sampler_sample(gdn_sampler* sampler, const float* logits, int64_t n_logits, gdn_token* out_token) {
   return guard("gdn_sampler_sample", [&] {
     check(sampler);
+    const Claim use = claim(sampler);
     check_out(out_token, "out_token");
     check_count(n_logits, logits, "logits");
     *out_token = sampler->sampler->sample(std::span<const float>(logits, static_cast<std::size_t>(n_logits)));
@@ -1162,7 +1247,9 @@ gdn_status gdn_sampler_sample(gdn_sampler* sampler, const float* logits, int64_t
 gdn_status gdn_sampler_sample_row(gdn_sampler* sampler, const gdn_context* ctx, int64_t row, gdn_token* out_token) {
   return guard("gdn_sampler_sample_row", [&] {
     check(sampler);
+    const Claim use = claim(sampler);
     check(ctx);
+    const Claim ctx_use = claim(ctx);
     check_out(out_token, "out_token");
     *out_token = sampler->sampler->sample(ctx->ctx->logits(row));
   });
@@ -1172,6 +1259,7 @@ gdn_status gdn_sampler_distribution(const gdn_sampler* sampler, const float* log
                                     int64_t capacity) {
   return guard("gdn_sampler_distribution", [&] {
     check(sampler);
+    const Claim use = claim(sampler);
     check_count(n_logits, logits, "logits");
     if (probs == nullptr) invalid("probs is NULL");
     if (capacity < n_logits)
@@ -1193,6 +1281,7 @@ gdn_status gdn_generate(gdn_context* ctx, const gdn_tokenizer* tokenizer, const 
                         gdn_generation_result** out_result) {
   return guard("gdn_generate", [&] {
     check(ctx);
+    const Claim use = claim(ctx);  // held while the callback runs: a callback calling into ctx gets BUSY
     check(tokenizer);
     check_out(out_result, "out_result");
     const auto span = token_span(prompt, n_prompt, "prompt");
@@ -1208,6 +1297,7 @@ gdn_status gdn_generate_batch(gdn_context* ctx, const gdn_tokenizer* tokenizer, 
                               gdn_generation_result** out_result) {
   return guard("gdn_generate_batch", [&] {
     check(ctx);
+    const Claim use = claim(ctx);  // held while the callback runs: a callback calling into ctx gets BUSY
     check(tokenizer);
     check_out(out_result, "out_result");
     if (n_prompts < 1) invalid("n_prompts is " + std::to_string(n_prompts));
@@ -1289,12 +1379,13 @@ gdn_status gdn_speculative_params_init(gdn_speculative_params* params) {
 gdn_status gdn_speculative_create(gdn_context* ctx, const gdn_speculative_params* params, gdn_speculative** out_spec) {
   return guard("gdn_speculative_create", [&] {
     check(ctx);
+    const Claim use = claim(ctx);
     check_out(out_spec, "out_spec");
     gdn_speculative_params p = default_speculative_params();
     read_struct(params, p, speculative_params_v1, "gdn_speculative_params");
     // The C++ constructor refuses a model without an MTP head (UNSUPPORTED_MODEL), a max_draft out
     // of range and a context that cannot roll back max_draft + 1 tokens (INVALID_ARGUMENT).
-    auto handle = std::make_unique<gdn_speculative>(ctx->ctx, gdn::SpeculativeParams{p.max_draft, p.adaptive});
+    auto handle = std::make_unique<gdn_speculative>(*ctx, gdn::SpeculativeParams{p.max_draft, p.adaptive});
     *out_spec = handle.release();
   });
 }
@@ -1309,22 +1400,25 @@ gdn_status gdn_speculative_start(gdn_speculative* spec, gdn_seq_id seq, const gd
                                  gdn_sampler* sampler, gdn_token* out_token) {
   return guard("gdn_speculative_start", [&] {
     check(spec);
+    const Claim use = claim(spec);
+    const Claim ctx_use = claim_context(spec);
     check(sampler);
+    const Claim sampler_use = claim(sampler);
     check_out(out_token, "out_token");
     const auto span = token_span(prompt, n_prompt, "prompt");
-    std::shared_ptr<gdn::Sampler> s = sampler->sampler;
+    gdn_speculative::SamplerRef s{sampler->sampler, sampler->use};
     // Reserve the map entry first, so nothing can fail once the decoder has taken the sequence.
     auto& slot = spec->samplers[seq];
-    std::shared_ptr<gdn::Sampler> previous = slot;
+    gdn_speculative::SamplerRef previous = slot;
     // start() records the prompt in the sampler before its step can fail: keep a copy to put back.
-    const gdn::Sampler saved = *s;
+    const gdn::Sampler saved = *s.sampler;
     try {
-      const gdn::Token first = spec->dec.start(seq, span, *s);
+      const gdn::Token first = spec->dec.start(seq, span, *s.sampler);
       slot = std::move(s);
       *out_token = first;
     } catch (...) {
       *sampler->sampler = saved;
-      if (previous) slot = std::move(previous);
+      if (previous.sampler) slot = std::move(previous);
       else spec->samplers.erase(seq);
       throw;
     }
@@ -1335,6 +1429,8 @@ gdn_status gdn_speculative_advance(gdn_speculative* spec, const gdn_seq_id* seqs
                                    int64_t capacity, int64_t* out_counts) {
   return guard("gdn_speculative_advance", [&] {
     check(spec);
+    const Claim use = claim(spec);
+    const Claim ctx_use = claim_context(spec);
     check_count(n_seqs, seqs, "seqs");
     if (n_seqs > 0 && out_tokens == nullptr) invalid("out_tokens is NULL");
     if (n_seqs > 0 && out_counts == nullptr) invalid("out_counts is NULL");
@@ -1353,6 +1449,13 @@ gdn_status gdn_speculative_advance(gdn_speculative* spec, const gdn_seq_id* seqs
         throw gdn::Error(gdn::Status::context_overflow, "sequence " + std::to_string(seqs[i]) + " has fewer than max_draft + 1 = " +
                                                             std::to_string(spec->max_draft + 1) + " positions left");
     }
+    // The samplers the round draws with (a gdn_sampler may serve several of the sequences).
+    std::vector<gdn::capi::UseFlag*> flags;
+    for (std::int32_t i = 0; i < n_seqs; ++i) flags.push_back(spec->samplers.at(seqs[i]).use.get());
+    std::sort(flags.begin(), flags.end());
+    flags.erase(std::unique(flags.begin(), flags.end()), flags.end());
+    std::deque<Claim> sampler_uses;  // Claim cannot move; a deque builds each in place
+    for (auto* f : flags) sampler_uses.emplace_back(*f, Claim::Mode::exclusive, "the sampler of a sequence", sampler_rule);
     std::vector<std::vector<gdn::Token>> produced(static_cast<std::size_t>(n_seqs));
     std::vector<std::vector<gdn::Token>*> outs;
     for (auto& v : produced) outs.push_back(&v);
@@ -1367,6 +1470,7 @@ gdn_status gdn_speculative_advance(gdn_speculative* spec, const gdn_seq_id* seqs
 gdn_status gdn_speculative_finish(gdn_speculative* spec, gdn_seq_id seq) {
   return guard("gdn_speculative_finish", [&] {
     check(spec);
+    const Claim use = claim(spec);
     spec->dec.finish(seq);
     spec->samplers.erase(seq);
   });
@@ -1375,6 +1479,7 @@ gdn_status gdn_speculative_finish(gdn_speculative* spec, gdn_seq_id seq) {
 gdn_status gdn_speculative_get_stats(const gdn_speculative* spec, gdn_speculative_stats* out_stats) {
   return guard("gdn_speculative_get_stats", [&] {
     check(spec);
+    const Claim use = claim(spec);
     write_stats(spec->dec.stats(), out_stats);
   });
 }

@@ -3,7 +3,7 @@
 #   lib/libgdn.a, lib/libgdn.so*           static (C++ and C API) and shared (C ABI only) libraries
 #   lib/cmake/gdn/                         find_package(gdn): gdn::gdn (static) and gdn::gdn_shared
 #   lib/pkgconfig/gdn.pc                   pkg-config gdn: the shared C ABI (--static: libgdn.a)
-#   bin/gdn                                the command-line tool (when built)
+#   bin/gdn, bin/gdn-bench                 the command-line tool (when built; `gdn bench` runs gdn-bench)
 # tests/consumer builds the examples against such an installation.
 include(CMakePackageConfigHelpers)
 
@@ -22,7 +22,7 @@ install(DIRECTORY include/gdn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT 
   FILES_MATCHING PATTERN "*.hpp" PATTERN "*.h")
 install(FILES capi/gdn.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT gdn_development)
 if(TARGET gdn_cli)
-  install(TARGETS gdn_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT gdn_tools)
+  install(TARGETS gdn_cli gdn_bench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT gdn_tools)
 endif()
 
 install(EXPORT gdnTargets NAMESPACE gdn:: DESTINATION ${GDN_CMAKE_DIR} FILE gdnTargets.cmake

@@ -3,7 +3,9 @@
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer (-O1), then the whole ctest suite, except
 #         the tests that load the instrumented library into another program's runtime (the Python
 #         module and ctypes tests, the examples run from Python, the out-of-tree install consumer):
-#         those need the ASan runtime preloaded and are covered by the normal build.
+#         those need the ASan runtime preloaded and are covered by the normal build. The suite runs
+#         the gdn tool's commands too (ctest label cli: info, logits, generate and doctor --quick on
+#         models/gdn-tiny, bench --quick on a fixture), so the tool's allocator stays ASan's own.
 #   tsan  ThreadSanitizer (-O1), then the concurrency tests (ctest label "concurrency").
 # Any sanitizer report fails the test that triggered it (halt_on_error / -fno-sanitize-recover).
 #

@@ -17,6 +17,7 @@ std::string_view status_name(Status s) noexcept {
     case Status::invalid_token: return "invalid_token";
     case Status::backend_unavailable: return "backend_unavailable";
     case Status::internal: return "internal";
+    case Status::busy: return "busy";
   }
   return "unknown";
 }

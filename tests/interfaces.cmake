@@ -69,12 +69,13 @@ if(_gdn_py_missing STREQUAL "")
                        ENVIRONMENT "CMAKE_BUILD_PARALLEL_LEVEL=2;PIP_DISABLE_PIP_VERSION_CHECK=1")
   add_test(NAME python_module COMMAND ${_gdn_pytest} ${PROJECT_SOURCE_DIR}/python/tests/test_module.py)
   add_test(NAME python_ctypes COMMAND ${_gdn_pytest} ${PROJECT_SOURCE_DIR}/python/tests/test_ctypes.py)
+  add_test(NAME python_threads COMMAND ${_gdn_pytest} ${PROJECT_SOURCE_DIR}/python/tests/test_threads.py)
   add_test(NAME example_python COMMAND ${GDN_PYTHON} ${PROJECT_SOURCE_DIR}/examples/python_example.py ${GDN_TEST_MODEL})
   add_test(NAME example_python_ctypes
            COMMAND ${GDN_PYTHON} ${PROJECT_SOURCE_DIR}/examples/python_ctypes.py ${GDN_TEST_MODEL} $<TARGET_FILE:gdn_shared>)
-  set_tests_properties(python_module python_ctypes example_python example_python_ctypes PROPERTIES
+  set_tests_properties(python_module python_ctypes python_threads example_python example_python_ctypes PROPERTIES
                        ENVIRONMENT "${_gdn_py_env}")
-  set_tests_properties(python_module example_python PROPERTIES FIXTURES_REQUIRED gdn_python)
+  set_tests_properties(python_module python_threads example_python PROPERTIES FIXTURES_REQUIRED gdn_python)
   set_tests_properties(example_python example_python_ctypes PROPERTIES PASS_REGULAR_EXPRESSION "seq 2 \\(")
   if(GDN_BUILD_EXAMPLES)
     # The four examples (C, C++, Python, ctypes) print the same greedy continuations.

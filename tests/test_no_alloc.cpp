@@ -1,39 +1,11 @@
-// A decode step must not touch the heap once the context exists: this binary replaces the global
-// operator new and counts every allocation made while steps run.
+// A decode step must not touch the heap once the context exists: this binary links the counting
+// replacement of the global operator new and delete (tools/gdn/alloc_count.cpp, every form of
+// them) and counts every allocation made while steps run.
 
 #include <catch2/catch.hpp>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
+#include "alloc_count.hpp"
 #include "test_util.hpp"
-
-namespace {
-std::atomic<long> allocations{0};
-std::atomic<bool> counting{false};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-// The nothrow forms too (Catch uses them): each allocation must be freed by the same allocator
-// that made it (ASan checks new/free pairs).
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return operator new(n);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace gdn;
 
@@ -56,8 +28,7 @@ TEST_CASE("decode steps allocate nothing, for one sequence and for a batch, with
       batch.add(seqs.back(), std::span(prompt).first(static_cast<std::size_t>(5 + 5 * i)));
     }
     ctx.step(batch);  // prefill (may allocate: Eigen-free, but first-touch buffers are fine)
-    allocations = 0;
-    counting = true;
+    alloc_count::begin();
     for (int step = 0; step < 40; ++step) {
       batch.clear();
       for (std::size_t i = 0; i < seqs.size(); ++i) batch.add(seqs[i], static_cast<Token>((step * 7 + static_cast<int>(i)) % 200));
@@ -71,9 +42,9 @@ TEST_CASE("decode steps allocate nothing, for one sequence and for a batch, with
       batch.add(seqs[0], static_cast<Token>(step));
       ctx.step(batch);
     }
-    counting = false;
+    const long allocations = alloc_count::end();
     INFO(name << (input == MatmulInput::bf16 ? " (bf16 inputs)" : "") << ": heap allocations during 50 decode steps: "
-              << allocations.load());
-    CHECK(allocations.load() == 0);
+              << allocations);
+    CHECK(allocations == 0);
   }
 }

@@ -1,24 +1,30 @@
 // The Python module `gdn`: a thin pybind11 binding of libgdn's C++ API. It adds no behaviour of its
-// own: the C++ objects are exposed as they are, gdn::Error becomes a gdn.Error subclass per status
-// (with .status and the library's message), and step(), generation and speculative decoding run
-// without the GIL (a text callback takes it back for each piece).
+// own beyond one lock per mutable object (use_lock.hpp): the C++ objects are exposed as they are,
+// gdn::Error becomes a gdn.Error subclass per status (with .status and the library's message), and
+// step(), generation and speculative decoding run without the GIL (a text callback takes it back for
+// each piece). The C++ objects are one thread at a time; here every object may be shared between
+// threads, whose calls then take turns (docs/reliability.md, "Thread-safety rules").
 //
 // Outputs are numpy views, not copies: Context.logits() / hidden() return read-only float32 arrays
 // over the context's own buffers, which keep the Context alive (the array's base). Like the C++
-// spans they show the last step's results and are overwritten by the next step (which may also
-// move the buffers, when it asks for more rows than any step before): copy (np.array(view)) what
-// must outlive the next step.
+// spans they show the last step's results and are overwritten by the next step, another thread's
+// included (which may also move the buffers, when it asks for more rows than any step before; the
+// context keeps the outgrown ones, so a late view reads stale numbers, never freed memory): copy
+// (np.array(view)) what must outlive the next step.
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "gdn/gdn.hpp"
@@ -28,25 +34,62 @@
 #include "gdn/runtime/sampling.hpp"
 #include "gdn/runtime/speculative.hpp"
 #include "gdn/text/chat_template.hpp"
+#include "use_lock.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
 
 namespace {
 
+using gdn::python::Use;
+using gdn::python::UseLock;
+constexpr auto gil_held = Use::Gil::held;
+constexpr auto gil_released = Use::Gil::released;
+
 // A Context with the model it was made from (the C++ Context holds it too, but only as a
-// reference to the Model; Python wants the handle back).
+// reference to the Model; Python wants the handle back), and the lock of every call on it: shared
+// with the Generators and SpeculativeDecoders that drive it.
 struct ContextHandle {
   ContextHandle(std::shared_ptr<const gdn::Model> m, const gdn::ContextParams& p) : model(std::move(m)), ctx(model, p) {}
   std::shared_ptr<const gdn::Model> model;
   gdn::Context ctx;
+  std::shared_ptr<UseLock> lock = std::make_shared<UseLock>("the context");
+};
+
+// Runs f(ctx) as one call on the context: with the GIL (short calls), or without it (steps, files).
+template <typename F>
+auto with_context(ContextHandle& c, const char* call, F&& f) {
+  const Use use(*c.lock, call, gil_held);
+  return f(c.ctx);
+}
+template <typename F>
+auto without_gil(ContextHandle& c, const char* call, F&& f) {
+  py::gil_scoped_release nogil;
+  const Use use(*c.lock, call, gil_released);
+  return f(c.ctx);
+}
+
+// `with ctx.hold():`
+struct ContextHold {
+  std::shared_ptr<UseLock> lock;
+};
+
+struct BatchHandle {
+  gdn::Batch batch;
+  UseLock lock{"the batch"};  // a step reads the batch without the GIL while another thread may add to it
+};
+
+struct SamplerHandle {
+  SamplerHandle(const gdn::SamplingParams& p, int vocab) : sampler(p, vocab) {}
+  gdn::Sampler sampler;
+  UseLock lock{"the sampler"};  // a SpeculativeDecoder samples with it without the GIL
 };
 
 struct ModelHandle {
   std::shared_ptr<const gdn::Model> model;
 };
 
-constexpr int n_status = static_cast<int>(gdn::Status::internal) + 1;
+constexpr int n_status = static_cast<int>(gdn::Status::busy) + 1;
 // Exception classes by status (index 0: the base gdn.Error). Leaked on purpose: they must outlive
 // every translator call, and the interpreter owns the class objects anyway.
 std::array<PyObject*, n_status>* exception_classes = nullptr;
@@ -56,6 +99,7 @@ const char* const exception_names[n_status] = {
     "InvalidArgumentError",     "IoError",           "InvalidFileError",      "UnsupportedModelError",
     "MissingTensorError",       "TensorMismatchError", "OutOfCapacityError",  "InvalidSequenceError",
     "ContextOverflowError",     "InvalidTokenError", "BackendUnavailableError", "InternalError",
+    "BusyError",
 };
 
 void raise_gdn_error(const gdn::Error& e) {
@@ -77,8 +121,9 @@ py::array view(const float* data, std::vector<py::ssize_t> shape, const py::obje
 
 // Rows of the last step's outputs as one [rows, width] view; `row` gives one row.
 template <typename RowFn>
-py::array rows_view(py::object self, std::optional<std::int64_t> row, std::int64_t width, RowFn get) {
+py::array rows_view(py::object self, std::optional<std::int64_t> row, std::int64_t width, RowFn get, const char* call) {
   ContextHandle& pc = self.cast<ContextHandle&>();
+  const Use use(*pc.lock, call, gil_held);  // the rows and buffers of one step, not of two
   if (row) return view(get(pc.ctx, *row).data(), {static_cast<py::ssize_t>(width)}, self);
   const std::int64_t rows = pc.ctx.output_rows();
   if (rows == 0) return py::array_t<float>(std::vector<py::ssize_t>{0, static_cast<py::ssize_t>(width)});
@@ -106,15 +151,29 @@ struct StreamDecoderHandle {
   StreamDecoderHandle& operator=(const StreamDecoderHandle&) = delete;
   gdn::Tokenizer tok;
   gdn::StreamDecoder dec;
+  UseLock lock{"the stream decoder"};
 };
 
-// A Generator with its own copy of the tokenizer; the Context is kept alive by keep_alive.
+// A Generator with its own copy of the tokenizer; the Context is kept alive by keep_alive. Its
+// calls take the context's lock.
 struct GeneratorHandle {
-  GeneratorHandle(gdn::Context& ctx, const gdn::Tokenizer& t, std::vector<gdn::Token> eos) : tok(t), gen(ctx, tok, std::move(eos)) {}
+  GeneratorHandle(ContextHandle& c, const gdn::Tokenizer& t, std::vector<gdn::Token> eos)
+      : tok(t), gen(c.ctx, tok, std::move(eos)), lock(c.lock) {}
   GeneratorHandle(const GeneratorHandle&) = delete;  // `gen` refers to `tok`
   GeneratorHandle& operator=(const GeneratorHandle&) = delete;
   gdn::Tokenizer tok;
   gdn::Generator gen;
+  std::shared_ptr<UseLock> lock;
+};
+
+// A SpeculativeDecoder takes its context's lock for every call, and for start / advance also the
+// locks of the samplers it draws with (after the context's, in address order: no two calls wait
+// for each other's). The samplers are kept alive by keep_alive, so their locks are too.
+struct SpeculativeHandle {
+  SpeculativeHandle(ContextHandle& c, const gdn::SpeculativeParams& p) : dec(c.ctx, p), lock(c.lock) {}
+  gdn::SpeculativeDecoder dec;
+  std::shared_ptr<UseLock> lock;
+  std::unordered_map<gdn::SeqId, UseLock*> sampler_locks;  // of the started sequences; under `lock`
 };
 
 using Floats = py::array_t<float, py::array::c_style | py::array::forcecast>;
@@ -193,7 +252,8 @@ PYBIND11_MODULE(gdn, m) {
       .value("context_overflow", gdn::Status::context_overflow)
       .value("invalid_token", gdn::Status::invalid_token)
       .value("backend_unavailable", gdn::Status::backend_unavailable)
-      .value("internal", gdn::Status::internal);
+      .value("internal", gdn::Status::internal)
+      .value("busy", gdn::Status::busy);
 
   py::enum_<gdn::DType>(m, "DType")
       .value("f32", gdn::DType::f32)
@@ -304,55 +364,84 @@ PYBIND11_MODULE(gdn, m) {
     if (e >= b.entries().size())
       throw py::index_error("entry " + std::to_string(e) + " of a batch of " + std::to_string(b.entries().size()));
   };
-  py::class_<gdn::Batch>(m, "Batch",
-                         "Which sequences advance by which tokens in one step, and which positions want logits.")
+  // A method without arguments as one call under the batch's lock (a step reads it without the GIL).
+  const auto batch_call = [](const char* call, auto f) {
+    return [call, f](BatchHandle& b) {
+      const Use use(b.lock, call, gil_held);
+      return f(b.batch);
+    };
+  };
+  py::class_<BatchHandle>(m, "Batch",
+                          "Which sequences advance by which tokens in one step, and which positions want logits. May be "
+                          "shared between threads: its calls, and the steps that read it, take turns.")
       .def(py::init<>())
       .def(
           "add",
-          [](gdn::Batch& b, gdn::SeqId seq, gdn::Token token, gdn::LogitsFor logits, bool hidden_all) {
-            return b.add(seq, std::span<const gdn::Token>(&token, 1), logits, hidden_all);
+          [](BatchHandle& b, gdn::SeqId seq, gdn::Token token, gdn::LogitsFor logits, bool hidden_all) {
+            const Use use(b.lock, "Batch.add", gil_held);
+            return b.batch.add(seq, std::span<const gdn::Token>(&token, 1), logits, hidden_all);
           },
           "seq"_a, "tokens"_a, "logits"_a = gdn::LogitsFor::last, "hidden_all"_a = false)
       .def(
           "add",
-          [](gdn::Batch& b, gdn::SeqId seq, const Tokens& tokens, gdn::LogitsFor logits, bool hidden_all) {
-            return b.add(seq, token_span(tokens), logits, hidden_all);
+          [](BatchHandle& b, gdn::SeqId seq, const Tokens& tokens, gdn::LogitsFor logits, bool hidden_all) {
+            const auto span = token_span(tokens);
+            const Use use(b.lock, "Batch.add", gil_held);
+            return b.batch.add(seq, span, logits, hidden_all);
           },
           "seq"_a, "tokens"_a, "logits"_a = gdn::LogitsFor::last, "hidden_all"_a = false,
           "Appends tokens (an int or a sequence of ints) for seq; returns the entry's index.")
-      .def("clear", &gdn::Batch::clear)
-      .def_property_readonly("entries",
-                             [](const gdn::Batch& b) { return std::vector<gdn::Batch::Entry>(b.entries().begin(), b.entries().end()); })
-      .def_property_readonly("tokens", [](const gdn::Batch& b) {
+      .def("clear", batch_call("Batch.clear", [](gdn::Batch& b) { b.clear(); }))
+      .def_property_readonly("entries", batch_call("Batch.entries", [](gdn::Batch& b) {
+                               return std::vector<gdn::Batch::Entry>(b.entries().begin(), b.entries().end());
+                             }))
+      .def_property_readonly("tokens", [](BatchHandle& bh) {
+        const Use use(bh.lock, "Batch.tokens", gil_held);
+        const gdn::Batch& b = bh.batch;
         // Explicit strides: see Sampler.distribution.
         py::array out(py::dtype::of<gdn::Token>(), {static_cast<py::ssize_t>(b.tokens().size())},
                       {static_cast<py::ssize_t>(sizeof(gdn::Token))});
         std::copy(b.tokens().begin(), b.tokens().end(), static_cast<gdn::Token*>(out.mutable_data()));
         return out;
       })
-      .def_property_readonly("token_count", &gdn::Batch::token_count)
-      .def_property_readonly("output_rows", &gdn::Batch::output_rows)
+      .def_property_readonly("token_count", batch_call("Batch.token_count", [](gdn::Batch& b) { return b.token_count(); }))
+      .def_property_readonly("output_rows", batch_call("Batch.output_rows", [](gdn::Batch& b) { return b.output_rows(); }))
       .def(
           "output_row",
-          [check_entry](const gdn::Batch& b, std::size_t e, std::int64_t i) {
-            check_entry(b, e);
-            return b.output_row(e, i);
+          [check_entry](BatchHandle& bh, std::size_t e, std::int64_t i) {
+            const Use use(bh.lock, "Batch.output_row", gil_held);
+            check_entry(bh.batch, e);
+            return bh.batch.output_row(e, i);
           },
           "entry"_a, "i"_a, "The output row of entry's token i, or -1.")
       .def(
           "last_row",
-          [check_entry](const gdn::Batch& b, std::size_t e) {
-            check_entry(b, e);
-            return b.last_row(e);
+          [check_entry](BatchHandle& bh, std::size_t e) {
+            const Use use(bh.lock, "Batch.last_row", gil_held);
+            check_entry(bh.batch, e);
+            return bh.batch.last_row(e);
           },
           "entry"_a, "The output row of entry's last token, or -1.")
-      .def("__len__", [](const gdn::Batch& b) { return b.entries().size(); });
+      .def("__len__", batch_call("Batch.__len__", [](gdn::Batch& b) { return b.entries().size(); }));
 
   // --- context ------------------------------------------------------------------------------
   const gdn::ContextParams d;
+  py::class_<ContextHold>(m, "ContextHold",
+                          "What Context.hold() returns: `with ctx.hold():` keeps other threads' calls on the context "
+                          "(and its Generators and SpeculativeDecoders) waiting until the block ends.")
+      .def("__enter__", [](ContextHold& h) { h.lock->hold("Context.hold"); })
+      .def("__exit__", [](ContextHold& h, const py::args&) {
+        h.lock->unhold("Context.hold");
+        return false;
+      });
+
   py::class_<ContextHandle>(m, "Context",
-                        "The mutable state of up to max_sequences sequences of one model, allocated at creation. "
-                        "Use a context from one thread at a time.")
+                            "The mutable state of up to max_sequences sequences of one model, allocated at creation.\n\n"
+                            "A context may be shared between threads: each call on it (and on a Generator or "
+                            "SpeculativeDecoder over it) waits, with the GIL released, until the call running on another "
+                            "thread has finished. A step and the reading of its outputs are two calls, so another thread's "
+                            "step may come between them: do both inside `with ctx.hold():`. A callback (on_text) that calls "
+                            "back into the context its generation runs on raises gdn.BusyError.")
       .def(py::init([](const ModelHandle& pm, int max_sequences, int max_context, int kv_page_size, std::int64_t kv_pages,
                        int max_batch_tokens, int max_logits_rows, std::optional<gdn::DType> state_dtype, int threads,
                        int gdn_chunk_min_tokens, int max_rollback_tokens, gdn::Backend backend,
@@ -378,71 +467,152 @@ PYBIND11_MODULE(gdn, m) {
            "gdn_chunk_min_tokens"_a = d.gdn_chunk_min_tokens, "max_rollback_tokens"_a = d.max_rollback_tokens,
            "backend"_a = d.backend, "matmul_input"_a = d.matmul_input)
       .def_property_readonly("model", [](const ContextHandle& c) { return ModelHandle{c.model}; })
+      .def("hold", [](const ContextHandle& c) { return ContextHold{c.lock}; },
+           "`with ctx.hold():` makes the calls of the block one turn: other threads wait until it ends. Nests; a "
+           "callback cannot take it (gdn.BusyError). Like any lock: two threads that each hold one context and wait "
+           "for the other's wait forever.")
       // sequences
-      .def("create_sequence", [](ContextHandle& c) { return c.ctx.create_sequence(); })
-      .def("reset_sequence", [](ContextHandle& c, gdn::SeqId s) { c.ctx.reset_sequence(s); }, "seq"_a)
-      .def("free_sequence", [](ContextHandle& c, gdn::SeqId s) { c.ctx.free_sequence(s); }, "seq"_a)
-      .def("is_valid", [](const ContextHandle& c, gdn::SeqId s) { return c.ctx.is_valid(s); }, "seq"_a)
-      .def("sequence_length", [](const ContextHandle& c, gdn::SeqId s) { return c.ctx.sequence_length(s); }, "seq"_a)
-      .def("mtp_length", [](const ContextHandle& c, gdn::SeqId s) { return c.ctx.mtp_length(s); }, "seq"_a)
-      .def_property_readonly("live_sequences", [](const ContextHandle& c) { return c.ctx.live_sequences(); })
+      .def("create_sequence",
+           [](ContextHandle& c) { return with_context(c, "Context.create_sequence", [](gdn::Context& x) { return x.create_sequence(); }); })
+      .def(
+          "reset_sequence",
+          [](ContextHandle& c, gdn::SeqId s) { with_context(c, "Context.reset_sequence", [&](gdn::Context& x) { x.reset_sequence(s); }); },
+          "seq"_a)
+      .def(
+          "free_sequence",
+          [](ContextHandle& c, gdn::SeqId s) { with_context(c, "Context.free_sequence", [&](gdn::Context& x) { x.free_sequence(s); }); },
+          "seq"_a)
+      .def(
+          "is_valid",
+          [](ContextHandle& c, gdn::SeqId s) { return with_context(c, "Context.is_valid", [&](gdn::Context& x) { return x.is_valid(s); }); },
+          "seq"_a)
+      .def(
+          "sequence_length",
+          [](ContextHandle& c, gdn::SeqId s) {
+            return with_context(c, "Context.sequence_length", [&](gdn::Context& x) { return x.sequence_length(s); });
+          },
+          "seq"_a)
+      .def(
+          "mtp_length",
+          [](ContextHandle& c, gdn::SeqId s) { return with_context(c, "Context.mtp_length", [&](gdn::Context& x) { return x.mtp_length(s); }); },
+          "seq"_a)
+      .def_property_readonly(
+          "live_sequences",
+          [](ContextHandle& c) { return with_context(c, "Context.live_sequences", [](gdn::Context& x) { return x.live_sequences(); }); })
       // state control
-      .def("snapshot", [](ContextHandle& c, gdn::SeqId s) { return c.ctx.snapshot(s); }, "seq"_a)
-      .def("free_snapshot", [](ContextHandle& c, gdn::SnapshotId s) { c.ctx.free_snapshot(s); }, "snapshot"_a)
-      .def("restore", [](ContextHandle& c, gdn::SeqId s, gdn::SnapshotId snap) { c.ctx.restore(s, snap); }, "seq"_a,
-           "snapshot"_a)
-      .def("create_sequence_from", [](ContextHandle& c, gdn::SnapshotId snap) { return c.ctx.create_sequence_from(snap); },
-           "snapshot"_a)
-      .def("fork_sequence", [](ContextHandle& c, gdn::SeqId s) { return c.ctx.fork_sequence(s); }, "seq"_a)
-      .def("rollback", [](ContextHandle& c, gdn::SeqId s, std::int64_t keep) { c.ctx.rollback(s, keep); }, "seq"_a,
-           "keep"_a)
-      .def("rollbackable_tokens", [](const ContextHandle& c, gdn::SeqId s) { return c.ctx.rollbackable_tokens(s); },
-           "seq"_a)
-      .def("truncate_mtp", [](ContextHandle& c, gdn::SeqId s, std::int64_t n) { c.ctx.truncate_mtp(s, n); }, "seq"_a,
-           "mtp_length"_a)
-      .def("save_sequence", [](const ContextHandle& c, gdn::SeqId s, const std::string& path) { c.ctx.save_sequence(s, path); },
-           "seq"_a, "path"_a, py::call_guard<py::gil_scoped_release>())
-      .def("load_sequence", [](ContextHandle& c, const std::string& path) { return c.ctx.load_sequence(path); }, "path"_a,
-           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "snapshot",
+          [](ContextHandle& c, gdn::SeqId s) { return with_context(c, "Context.snapshot", [&](gdn::Context& x) { return x.snapshot(s); }); },
+          "seq"_a)
+      .def(
+          "free_snapshot",
+          [](ContextHandle& c, gdn::SnapshotId s) { with_context(c, "Context.free_snapshot", [&](gdn::Context& x) { x.free_snapshot(s); }); },
+          "snapshot"_a)
+      .def(
+          "restore",
+          [](ContextHandle& c, gdn::SeqId s, gdn::SnapshotId snap) {
+            with_context(c, "Context.restore", [&](gdn::Context& x) { x.restore(s, snap); });
+          },
+          "seq"_a, "snapshot"_a)
+      .def(
+          "create_sequence_from",
+          [](ContextHandle& c, gdn::SnapshotId snap) {
+            return with_context(c, "Context.create_sequence_from", [&](gdn::Context& x) { return x.create_sequence_from(snap); });
+          },
+          "snapshot"_a)
+      .def(
+          "fork_sequence",
+          [](ContextHandle& c, gdn::SeqId s) { return with_context(c, "Context.fork_sequence", [&](gdn::Context& x) { return x.fork_sequence(s); }); },
+          "seq"_a)
+      .def(
+          "rollback",
+          [](ContextHandle& c, gdn::SeqId s, std::int64_t keep) {
+            with_context(c, "Context.rollback", [&](gdn::Context& x) { x.rollback(s, keep); });
+          },
+          "seq"_a, "keep"_a)
+      .def(
+          "rollbackable_tokens",
+          [](ContextHandle& c, gdn::SeqId s) {
+            return with_context(c, "Context.rollbackable_tokens", [&](gdn::Context& x) { return x.rollbackable_tokens(s); });
+          },
+          "seq"_a)
+      .def(
+          "truncate_mtp",
+          [](ContextHandle& c, gdn::SeqId s, std::int64_t n) {
+            with_context(c, "Context.truncate_mtp", [&](gdn::Context& x) { x.truncate_mtp(s, n); });
+          },
+          "seq"_a, "mtp_length"_a)
+      .def(
+          "save_sequence",
+          [](ContextHandle& c, gdn::SeqId s, const std::string& path) {
+            without_gil(c, "Context.save_sequence", [&](gdn::Context& x) { x.save_sequence(s, path); });
+          },
+          "seq"_a, "path"_a)
+      .def(
+          "load_sequence",
+          [](ContextHandle& c, const std::string& path) {
+            return without_gil(c, "Context.load_sequence", [&](gdn::Context& x) { return x.load_sequence(path); });
+          },
+          "path"_a)
       // steps
-      .def("step", [](ContextHandle& c, const gdn::Batch& b) { c.ctx.step(b); }, "batch"_a,
-           py::call_guard<py::gil_scoped_release>(),
-           "Advances every sequence of the batch (the GIL is released meanwhile). Views of the previous outputs "
-           "are overwritten.")
+      .def(
+          "step",
+          [](ContextHandle& c, BatchHandle& b) {
+            without_gil(c, "Context.step", [&](gdn::Context& x) {
+              const Use reading(b.lock, "Context.step", gil_released);
+              x.step(b.batch);
+            });
+          },
+          "batch"_a,
+          "Advances every sequence of the batch (the GIL is released meanwhile). Views of the previous outputs "
+          "are overwritten.")
       .def(
           "step_mtp",
-          [](ContextHandle& c, const gdn::Batch& b, const py::array_t<float, py::array::c_style | py::array::forcecast>& hidden) {
+          [](ContextHandle& c, BatchHandle& b, const py::array_t<float, py::array::c_style | py::array::forcecast>& hidden) {
             std::span<const float> h(hidden.data(), static_cast<std::size_t>(hidden.size()));
-            py::gil_scoped_release nogil;
-            c.ctx.step_mtp(b, h);
+            without_gil(c, "Context.step_mtp", [&](gdn::Context& x) {
+              const Use reading(b.lock, "Context.step_mtp", gil_released);
+              x.step_mtp(b.batch, h);
+            });
           },
           "batch"_a, "hidden"_a,
           "Runs the MTP head; hidden holds one hidden_size row per batch token (the main model's hidden state of the "
           "position before it).")
       // outputs
-      .def_property_readonly("output_rows", [](const ContextHandle& c) { return c.ctx.output_rows(); })
+      .def_property_readonly("output_rows",
+                             [](ContextHandle& c) { return with_context(c, "Context.output_rows", [](gdn::Context& x) { return x.output_rows(); }); })
       .def(
           "logits",
           [](py::object self, std::optional<std::int64_t> row) {
             const auto V = self.cast<ContextHandle&>().model->config().vocab_size;
-            return rows_view(self, row, V, [](const gdn::Context& c, std::int64_t r) { return c.logits(r); });
+            return rows_view(self, row, V, [](const gdn::Context& c, std::int64_t r) { return c.logits(r); }, "Context.logits");
           },
           "row"_a = py::none(),
           "Logits of output row `row` ([vocab] float32), or of every row ([rows, vocab]): a read-only view of the "
-          "context's buffer, overwritten by the next step.")
+          "context's buffer, overwritten by the next step (another thread's too; after it, the view reads that step's or "
+          "stale numbers, never freed memory).")
       .def(
           "hidden",
           [](py::object self, std::optional<std::int64_t> row) {
             const auto H = self.cast<ContextHandle&>().model->config().hidden_size;
-            return rows_view(self, row, H, [](const gdn::Context& c, std::int64_t r) { return c.hidden(r); });
+            return rows_view(self, row, H, [](const gdn::Context& c, std::int64_t r) { return c.hidden(r); }, "Context.hidden");
           },
           "row"_a = py::none(), "Final hidden state (after the last norm) of output row `row`, or of every row; a view.")
       // memory
       .def_property_readonly("gdn_state_bytes_per_sequence",
-                             [](const ContextHandle& c) { return c.ctx.gdn_state_bytes_per_sequence(); })
-      .def_property_readonly("kv_bytes_per_token", [](const ContextHandle& c) { return c.ctx.kv_bytes_per_token(); })
-      .def_property_readonly("kv_free_pages", [](const ContextHandle& c) { return c.ctx.kv_free_pages(); })
-      .def_property_readonly("snapshot_bytes", [](const ContextHandle& c) { return c.ctx.snapshot_bytes(); });
+                             [](ContextHandle& c) {
+                               return with_context(c, "Context.gdn_state_bytes_per_sequence",
+                                                   [](gdn::Context& x) { return x.gdn_state_bytes_per_sequence(); });
+                             })
+      .def_property_readonly(
+          "kv_bytes_per_token",
+          [](ContextHandle& c) { return with_context(c, "Context.kv_bytes_per_token", [](gdn::Context& x) { return x.kv_bytes_per_token(); }); })
+      .def_property_readonly(
+          "kv_free_pages",
+          [](ContextHandle& c) { return with_context(c, "Context.kv_free_pages", [](gdn::Context& x) { return x.kv_free_pages(); }); })
+      .def_property_readonly(
+          "snapshot_bytes",
+          [](ContextHandle& c) { return with_context(c, "Context.snapshot_bytes", [](gdn::Context& x) { return x.snapshot_bytes(); }); });
 
   // --- gdn doctor ---------------------------------------------------------------------------
   m.def(
@@ -466,12 +636,31 @@ PYBIND11_MODULE(gdn, m) {
   // --- text: tokenizer, chat template ----------------------------------------------------------
   py::class_<StreamDecoderHandle>(m, "StreamDecoder",
                                   "Incremental decoding: push() one id at a time, get back only complete UTF-8 text; "
-                                  "the pushes and the final flush() concatenate to Tokenizer.decode() of the same ids.")
-      .def("push", [](StreamDecoderHandle& self, gdn::Token id) { return self.dec.push(id); }, "id"_a)
-      .def("flush", [](StreamDecoderHandle& self) { return self.dec.flush(); },
-           "Whatever is still held (an unfinished character as U+FFFD); then starts afresh.")
-      .def("reset", [](StreamDecoderHandle& self) { self.dec.reset(); })
-      .def_property_readonly("pending_bytes", [](const StreamDecoderHandle& self) { return self.dec.pending_bytes(); });
+                                  "the pushes and the final flush() concatenate to Tokenizer.decode() of the same ids. "
+                                  "Calls from several threads take turns (the order of the pushes is theirs to keep).")
+      .def(
+          "push",
+          [](StreamDecoderHandle& self, gdn::Token id) {
+            const Use use(self.lock, "StreamDecoder.push", gil_held);
+            return self.dec.push(id);
+          },
+          "id"_a)
+      .def(
+          "flush",
+          [](StreamDecoderHandle& self) {
+            const Use use(self.lock, "StreamDecoder.flush", gil_held);
+            return self.dec.flush();
+          },
+          "Whatever is still held (an unfinished character as U+FFFD); then starts afresh.")
+      .def("reset",
+           [](StreamDecoderHandle& self) {
+             const Use use(self.lock, "StreamDecoder.reset", gil_held);
+             self.dec.reset();
+           })
+      .def_property_readonly("pending_bytes", [](StreamDecoderHandle& self) {
+        const Use use(self.lock, "StreamDecoder.pending_bytes", gil_held);
+        return self.dec.pending_bytes();
+      });
 
   py::class_<gdn::Tokenizer>(m, "Tokenizer",
                              "A Hugging Face tokenizer.json (byte-level BPE, as Qwen3.5 / Qwen3.6 ship it), ids identical to "
@@ -554,28 +743,53 @@ PYBIND11_MODULE(gdn, m) {
                " top_p=" + std::to_string(p.top_p) + " seed=" + std::to_string(p.seed) + ">";
       });
 
-  py::class_<gdn::Sampler>(m, "Sampler",
-                           "One sequence's sampler: settings, the tokens its penalties have seen, a seeded RNG. "
-                           "sample() does not record the token it draws: observe() it.")
+  py::class_<SamplerHandle>(m, "Sampler",
+                            "One sequence's sampler: settings, the tokens its penalties have seen, a seeded RNG. "
+                            "sample() does not record the token it draws: observe() it. Calls from several threads take "
+                            "turns, also with a SpeculativeDecoder sampling with it.")
       .def(py::init<const gdn::SamplingParams&, int>(), "params"_a, "vocab_size"_a)
-      .def_property_readonly("params", [](const gdn::Sampler& s) { return s.params(); })
-      .def_property_readonly("greedy", &gdn::Sampler::greedy)
-      .def("observe", [](gdn::Sampler& s, gdn::Token t) { s.observe(t); }, "tokens"_a)
-      .def("observe", [](gdn::Sampler& s, const Tokens& ts) { s.observe(token_span(ts)); }, "tokens"_a)
-      .def("sample", [](gdn::Sampler& s, const Floats& logits) { return s.sample(float_span(logits)); }, "logits"_a)
+      .def_property_readonly("params", [](const SamplerHandle& s) { return s.sampler.params(); })  // fixed at creation
+      .def_property_readonly("greedy", [](const SamplerHandle& s) { return s.sampler.greedy(); })
+      .def(
+          "observe",
+          [](SamplerHandle& s, gdn::Token t) {
+            const Use use(s.lock, "Sampler.observe", gil_held);
+            s.sampler.observe(t);
+          },
+          "tokens"_a)
+      .def(
+          "observe",
+          [](SamplerHandle& s, const Tokens& ts) {
+            const auto span = token_span(ts);
+            const Use use(s.lock, "Sampler.observe", gil_held);
+            s.sampler.observe(span);
+          },
+          "tokens"_a)
+      .def(
+          "sample",
+          [](SamplerHandle& s, const Floats& logits) {
+            const auto l = float_span(logits);
+            const Use use(s.lock, "Sampler.sample", gil_held);
+            return s.sampler.sample(l);
+          },
+          "logits"_a)
       .def(
           "distribution",
-          [](const gdn::Sampler& s, const Floats& logits) {
+          [](SamplerHandle& s, const Floats& logits) {
             const auto l = float_span(logits);
             // Explicit strides, as view() passes them: pybind11 < 2.12 reads the item size from
             // NumPy 1's descriptor layout, which is wrong under NumPy 2 when it computes strides.
             py::array probs(py::dtype::of<float>(), {static_cast<py::ssize_t>(l.size())},
                             {static_cast<py::ssize_t>(sizeof(float))});
-            s.distribution(l, std::span<float>(static_cast<float*>(probs.mutable_data()), l.size()));
+            const Use use(s.lock, "Sampler.distribution", gil_held);  // it works in the sampler's scratch
+            s.sampler.distribution(l, std::span<float>(static_cast<float*>(probs.mutable_data()), l.size()));
             return probs;
           },
           "logits"_a, "The distribution a draw would come from (sums to 1; one-hot for greedy).")
-      .def("uniform", &gdn::Sampler::uniform);
+      .def("uniform", [](SamplerHandle& s) {
+        const Use use(s.lock, "Sampler.uniform", gil_held);
+        return s.sampler.uniform();
+      });
 
   // --- generation -----------------------------------------------------------------------------
   const gdn::GenerationParams gd;
@@ -631,9 +845,11 @@ PYBIND11_MODULE(gdn, m) {
 
   py::class_<GeneratorHandle>(m, "Generator",
                               "Text generation on a Context: prompt ids in, streamed text out. Each call creates its "
-                              "sequences in the context and frees them before it returns.")
+                              "sequences in the context and frees them before it returns. Calls from several threads "
+                              "take turns with each other and with every other call on the context; on_text must not "
+                              "call into the context (gdn.BusyError).")
       .def(py::init([](ContextHandle& c, const gdn::Tokenizer& tok, std::optional<std::vector<gdn::Token>> eos) {
-             return std::make_unique<GeneratorHandle>(c.ctx, tok, eos ? *eos : gdn::load_eos_token_ids(c.model->dir()));
+             return std::make_unique<GeneratorHandle>(c, tok, eos ? *eos : gdn::load_eos_token_ids(c.model->dir()));
            }),
            "ctx"_a, "tokenizer"_a, "eos"_a = py::none(), py::keep_alive<1, 2>(),
            "eos=None: the checkpoint's eos ids (config.json and generation_config.json).")
@@ -643,6 +859,7 @@ PYBIND11_MODULE(gdn, m) {
             const auto span = token_span(prompt);
             const gdn::TextCallback cb = text_callback(on_text);
             py::gil_scoped_release nogil;
+            const Use use(*g.lock, "Generator.generate", gil_released);  // held while on_text runs
             return g.gen.generate(span, params, cb);
           },
           "prompt"_a, "params"_a = gdn::GenerationParams{}, "on_text"_a = py::none(),
@@ -658,6 +875,7 @@ PYBIND11_MODULE(gdn, m) {
             else ps = params.cast<std::vector<gdn::GenerationParams>>();
             const gdn::TextCallback cb = text_callback(on_text);
             py::gil_scoped_release nogil;
+            const Use use(*g.lock, "Generator.generate_batch", gil_released);
             return g.gen.generate(prompts, ps, cb);
           },
           "prompts"_a, "params"_a = py::none(), "on_text"_a = py::none(),
@@ -666,35 +884,62 @@ PYBIND11_MODULE(gdn, m) {
 
   // --- speculative decoding -------------------------------------------------------------------
   const gdn::SpeculativeParams spd;
-  py::class_<gdn::SpeculativeDecoder>(m, "SpeculativeDecoder",
-                                      "MTP speculative decoding driven by the host: start() each sequence, advance() "
-                                      "rounds, finish(). The context needs max_rollback_tokens >= max_draft + 1.")
+  py::class_<SpeculativeHandle>(m, "SpeculativeDecoder",
+                                "MTP speculative decoding driven by the host: start() each sequence, advance() rounds, "
+                                "finish(). The context needs max_rollback_tokens >= max_draft + 1. Calls take turns with "
+                                "every other call on the context and on the samplers they draw with.")
       .def(py::init([](ContextHandle& c, int max_draft, bool adaptive) {
-             return std::make_unique<gdn::SpeculativeDecoder>(c.ctx, gdn::SpeculativeParams{max_draft, adaptive});
+             return std::make_unique<SpeculativeHandle>(c, gdn::SpeculativeParams{max_draft, adaptive});
            }),
            "ctx"_a, py::kw_only(), "max_draft"_a = spd.max_draft, "adaptive"_a = spd.adaptive, py::keep_alive<1, 2>())
       .def(
           "start",
-          [](gdn::SpeculativeDecoder& self, gdn::SeqId seq, const Tokens& prompt, gdn::Sampler& sampler) {
+          [](SpeculativeHandle& self, gdn::SeqId seq, const Tokens& prompt, SamplerHandle& sampler) {
             const auto span = token_span(prompt);
             py::gil_scoped_release nogil;
-            return self.start(seq, span, sampler);
+            const Use use(*self.lock, "SpeculativeDecoder.start", gil_released);
+            const Use sampling(sampler.lock, "SpeculativeDecoder.start", gil_released);
+            const gdn::Token first = self.dec.start(seq, span, sampler.sampler);
+            self.sampler_locks[seq] = &sampler.lock;
+            return first;
           },
           "seq"_a, "prompt"_a, "sampler"_a, py::keep_alive<1, 4>(),
           "Prefills prompt on a fresh sequence and returns the first token (pending: the next advance feeds it).")
       .def(
           "advance",
-          [](gdn::SpeculativeDecoder& self, const std::vector<gdn::SeqId>& seqs) {
+          [](SpeculativeHandle& self, const std::vector<gdn::SeqId>& seqs) {
             std::vector<std::vector<gdn::Token>> out(seqs.size());
             std::vector<std::vector<gdn::Token>*> ptrs;
             for (auto& v : out) ptrs.push_back(&v);
             {
               py::gil_scoped_release nogil;
-              self.advance(seqs, ptrs);
+              const Use use(*self.lock, "SpeculativeDecoder.advance", gil_released);
+              // The samplers of the round (a sequence that was not started is refused by advance()).
+              std::vector<UseLock*> locks;
+              for (const gdn::SeqId s : seqs)
+                if (const auto it = self.sampler_locks.find(s); it != self.sampler_locks.end()) locks.push_back(it->second);
+              std::sort(locks.begin(), locks.end());
+              locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
+              std::deque<Use> sampling;  // Use cannot move; a deque builds each in place
+              for (UseLock* l : locks) sampling.emplace_back(*l, "SpeculativeDecoder.advance", gil_released);
+              self.dec.advance(seqs, ptrs);
             }
             return out;
           },
           "seqs"_a, "One round for every sequence: a list of 1..k+1 new tokens per sequence.")
-      .def("finish", &gdn::SpeculativeDecoder::finish, "seq"_a)
-      .def_property_readonly("stats", [](const gdn::SpeculativeDecoder& self) { return self.stats(); }, "A copy of the statistics so far.");
+      .def(
+          "finish",
+          [](SpeculativeHandle& self, gdn::SeqId seq) {
+            const Use use(*self.lock, "SpeculativeDecoder.finish", gil_held);
+            self.dec.finish(seq);
+            self.sampler_locks.erase(seq);
+          },
+          "seq"_a)
+      .def_property_readonly(
+          "stats",
+          [](SpeculativeHandle& self) {
+            const Use use(*self.lock, "SpeculativeDecoder.stats", gil_held);
+            return self.dec.stats();
+          },
+          "A copy of the statistics so far.");
 }

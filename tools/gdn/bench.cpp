@@ -13,7 +13,9 @@
 //   - batch-1 decode tokens/s (median of --runs runs after a warm-up) and its fraction of the roofline;
 //   - prefill tokens/s for a --prompt-tokens prompt;
 //   - aggregate decode tokens/s at each batch size, decode cost at each context length;
-//   - peak RSS, GDN state bytes per sequence, KV bytes per token, heap allocations per decode step.
+//   - peak RSS, GDN state bytes per sequence, KV bytes per token, heap allocations per decode step
+//     (every operator new, counted by alloc_count.cpp: this file and that one make the gdn-bench
+//     program, which `gdn bench` runs in its own place, so the `gdn` tool keeps its allocator).
 // With --peer-python, it also runs bench/peer.py (llama.cpp through llama-cpp-python, on the
 // same weights converted to a bf16 GGUF) with the same threads and token counts, and prints the
 // ratios ours / llama.cpp; then --rounds head-to-head rounds of batch-1 prefill and decode, ours and
@@ -24,7 +26,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -33,7 +34,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <new>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -44,6 +44,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "alloc_count.hpp"
 #include "commands.hpp"
 #include "backend/cpu/linear.hpp"
 #include "gdn/core/anonymous_memory.hpp"
@@ -55,37 +56,6 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-// The replacement operator new below allocates with malloc, so free() is the matching release.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-
-// --- heap allocation counter (the idea of tests/test_no_alloc.cpp): every operator new of this
-// process is counted while `g_counting` is set.
-namespace {
-std::atomic<long> g_allocations{0};
-std::atomic<bool> g_counting{false};
-}  // namespace
-
-void* operator new(std::size_t n) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
-  const std::size_t al = static_cast<std::size_t>(a);
-  if (void* p = std::aligned_alloc(al, (n + al - 1) / al * al)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace gdn::cli {
 namespace {
@@ -445,8 +415,7 @@ std::vector<Token> random_tokens(std::size_t n, int vocab, std::uint32_t seed) {
 // Counts the heap allocations made during the steps into *allocs.
 double decode_steps(Context& ctx, std::span<const SeqId> seqs, int steps, Batch& batch, long* allocs) {
   const int V = ctx.model().config().vocab_size;
-  g_allocations = 0;
-  g_counting = true;
+  alloc_count::begin();
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) {
     batch.clear();
@@ -454,8 +423,8 @@ double decode_steps(Context& ctx, std::span<const SeqId> seqs, int steps, Batch&
     ctx.step(batch);
   }
   const double dt = seconds_since(t0);
-  g_counting = false;
-  if (allocs) *allocs += g_allocations.load();
+  const long n = alloc_count::end();
+  if (allocs) *allocs += n;
   return dt;
 }
 

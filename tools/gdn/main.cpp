@@ -5,17 +5,23 @@
 //   gdn generate MODEL_DIR --prompt TEXT [...]           streamed text (see generate.cpp)
 //   gdn speculate MODEL_DIR [...]                        MTP speculative decoding figures (speculate.cpp)
 //   gdn doctor MODEL_DIR [--json] [--quick]              self-check; exit status 1 on any FAIL (see doctor.cpp)
-//   gdn bench [...]                                      CPU benchmark vs roofline and llama.cpp (bench.cpp)
+//   gdn bench [...]                                      CPU benchmark vs roofline and llama.cpp (bench.cpp;
+//                                                        runs the gdn-bench program installed next to gdn)
 //
 // `gdn logits` is a stable contract used by external checks: without --out it prints one line per
 // prompt position with vocab_size space-separated values; with --out it writes a float32 .npy of
 // shape [T, vocab_size].
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
@@ -129,6 +135,21 @@ int cmd_logits(const std::string& dir, int argc, char** argv) {
   return 0;
 }
 
+// `gdn bench` is the gdn-bench program (bench_main.cpp), found next to this one and executed in its
+// place: it counts heap allocations with a replacement operator new, which must not be linked into
+// the commands above (alloc_count.cpp says why).
+int exec_bench(char** argv) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string bench = (ec ? std::filesystem::path(argv[0]) : self).parent_path() / "gdn-bench";
+  std::vector<char*> args = {const_cast<char*>(bench.c_str())};
+  for (char** a = argv + 2; *a != nullptr; ++a) args.push_back(*a);
+  args.push_back(nullptr);
+  ::execv(bench.c_str(), args.data());
+  fmt::print(stderr, "gdn bench: cannot run {}: {} (it is built and installed with gdn)\n", bench, std::strerror(errno));
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -140,7 +161,7 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return gdn::cli::generate(argc - 2, argv + 2);
     if (cmd == "speculate") return gdn::cli::speculate(argc - 2, argv + 2);
     if (cmd == "doctor") return gdn::cli::doctor(argc - 2, argv + 2);
-    if (cmd == "bench") return gdn::cli::bench(argc - 2, argv + 2);
+    if (cmd == "bench") return exec_bench(argv);
     return usage();
   } catch (const gdn::Error& e) {
     fmt::print(stderr, "gdn {}: error ({}): {}\n", cmd, gdn::status_name(e.status()), e.what());

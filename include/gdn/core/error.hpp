@@ -24,6 +24,7 @@ enum class Status : int {
   invalid_token = 10,       // a token id outside [0, vocab_size)
   backend_unavailable = 11, // the requested backend was not built or has no device
   internal = 12,            // a bug in libgdn; please report it
+  busy = 13,                // the object is in use by another thread (or by the call whose callback is running)
 };
 
 std::string_view status_name(Status s) noexcept;
