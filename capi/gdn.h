@@ -532,9 +532,10 @@ GDN_API gdn_status gdn_stream_decoder_flush(gdn_stream_decoder *decoder, const c
 GDN_API gdn_status gdn_stream_decoder_reset(gdn_stream_decoder *decoder);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Chat template: the Qwen3.5 / Qwen3.6 template (ChatML with <think> blocks; gdn/text/chat_template.hpp),
- * byte for byte what transformers' apply_chat_template(..., tokenize=False) returns, for text-only
- * conversations. */
+/* Chat template: the Qwen3.5 / Qwen3.6 template (ChatML with <think> blocks and XML tool calls;
+ * gdn/text/chat_template.hpp), byte for byte what transformers' apply_chat_template(..., tokenize=False)
+ * returns, for text conversations (gdn_chat_render: roles and contents; gdn_chat_render_json: tools and tool
+ * calls too). */
 
 typedef struct gdn_chat_params {
     uint32_t size;               /* sizeof(gdn_chat_params) */
@@ -562,6 +563,17 @@ static inline gdn_chat_params gdn_chat_default_params(void) {
 GDN_API gdn_status gdn_chat_render(const char *const *roles, const char *const *contents,
                                    const char *const *reasoning_contents, size_t n_messages,
                                    const gdn_chat_params *params, char *out_text, size_t capacity, size_t *out_len);
+
+/* The same for a conversation given as JSON, as OpenAI's API and transformers take it (tools and tool
+ * calls included; gdn::render_chat_json): messages_json is an array of {"role", "content" (a string, null
+ * or a list of text parts), "reasoning_content", "tool_calls": [{"type": "function", "function": {"name",
+ * "arguments" (an object or a JSON string holding one)}}]} objects; tools_json an array of tools
+ * ({"type": "function", "function": {...}}), or NULL / "null" for none. The tools are written as
+ * transformers writes them (Python's json.dumps), the calls in the template's <tool_call> XML.
+ * INVALID_ARGUMENT naming what is wrong: JSON that does not parse, malformed tool calls, image or video
+ * parts (the model reads text only), and what the template itself rejects. */
+GDN_API gdn_status gdn_chat_render_json(const char *messages_json, const char *tools_json, const gdn_chat_params *params,
+                                        char *out_text, size_t capacity, size_t *out_len);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Sampling (gdn/runtime/sampling.hpp): penalties on tokens already seen, then temperature, top-k,

@@ -1204,6 +1204,21 @@ gdn_status gdn_chat_render(const char* const* roles, const char* const* contents
   });
 }
 
+gdn_status gdn_chat_render_json(const char* messages_json, const char* tools_json, const gdn_chat_params* params,
+                                char* out_text, size_t capacity, size_t* out_len) {
+  return guard("gdn_chat_render_json", [&] {
+    if (messages_json == nullptr) invalid("messages_json is NULL");
+    gdn_chat_params p = default_chat_params();
+    read_struct(params, p, chat_params_v1, "gdn_chat_params");
+    check_text_buffer(out_text, capacity, out_len);
+    gdn::ChatOptions o;
+    o.add_generation_prompt = p.add_generation_prompt;
+    o.enable_thinking = p.enable_thinking;
+    o.preserve_thinking = p.preserve_thinking;
+    deliver_text(gdn::render_chat_json(messages_json, tools_json != nullptr ? tools_json : "", o), out_text, capacity, out_len);
+  });
+}
+
 // --- sampling --------------------------------------------------------------------------------
 
 gdn_status gdn_sampling_params_init(gdn_sampling_params* params) {
