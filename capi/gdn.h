@@ -589,6 +589,7 @@ typedef struct gdn_sampling_params {
     float repetition_penalty;  /* 1: off; > 1 discourages seen tokens (logit > 0: / penalty, else * penalty) */
     float presence_penalty;    /* 0: off; subtracted once from the logit of every seen token */
     uint64_t seed;             /* the RNG's seed (default 0) */
+    float frequency_penalty;   /* 0: off; subtracted from a seen token's logit once per occurrence (added in 0.1) */
 } gdn_sampling_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */

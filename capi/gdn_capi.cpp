@@ -926,6 +926,7 @@ gdn_sampling_params default_sampling_params() {
   p.repetition_penalty = d.repetition_penalty;
   p.presence_penalty = d.presence_penalty;
   p.seed = d.seed;
+  p.frequency_penalty = d.frequency_penalty;
   return p;
 }
 
@@ -940,6 +941,7 @@ gdn::SamplingParams to_cpp(const gdn_sampling_params* in) {
   s.repetition_penalty = p.repetition_penalty;
   s.presence_penalty = p.presence_penalty;
   s.seed = p.seed;
+  s.frequency_penalty = p.frequency_penalty;
   return s;
 }
 
