@@ -355,7 +355,10 @@ GDN_API gdn_status gdn_batch_clear(gdn_batch *batch);
 enum {
     /* An output row for every token of the entry, carrying its final hidden state (what the MTP
      * head reads); logits are still computed only where the logits mode asks. */
-    GDN_BATCH_HIDDEN_ALL = 1u << 0
+    GDN_BATCH_HIDDEN_ALL = 1u << 0,
+    /* This step of the sequence will not be rolled back: a context with max_rollback_tokens > 0 skips
+     * logging it (the log copies the sequence's GDN state; gdn_context_rollback then refuses it). */
+    GDN_BATCH_NO_ROLLBACK = 1u << 1
 };
 
 /* Appends n_tokens tokens for `seq`. The entry's output rows are consecutive: one per token with

@@ -622,10 +622,11 @@ gdn_status gdn_batch_add(gdn_batch* batch, gdn_seq_id seq, const gdn_token* toke
     const int mode = enum_int(logits);
     if (mode != GDN_LOGITS_NONE && mode != GDN_LOGITS_LAST && mode != GDN_LOGITS_ALL)
       invalid("logits mode " + std::to_string(mode) + " is not a gdn_logits_mode");
-    if ((flags & ~static_cast<uint32_t>(GDN_BATCH_HIDDEN_ALL)) != 0)
+    if ((flags & ~static_cast<uint32_t>(GDN_BATCH_HIDDEN_ALL | GDN_BATCH_NO_ROLLBACK)) != 0)
       invalid("flags " + std::to_string(flags) + " has bits this libgdn " GDN_VERSION_STRING " does not know");
     const std::size_t e = batch->batch.add(seq, std::span<const gdn::Token>(tokens, static_cast<std::size_t>(n_tokens)),
-                                           static_cast<gdn::LogitsFor>(logits), (flags & GDN_BATCH_HIDDEN_ALL) != 0);
+                                           static_cast<gdn::LogitsFor>(logits), (flags & GDN_BATCH_HIDDEN_ALL) != 0,
+                                           (flags & GDN_BATCH_NO_ROLLBACK) == 0);
     if (out_first_row != nullptr) {
       const bool has_rows = n_tokens > 0 && batch->batch.output_row(e, n_tokens - 1) >= 0;
       *out_first_row = has_rows ? batch->batch.entries()[e].output_begin : -1;
