@@ -488,6 +488,13 @@ int Server::run() {
                                             : std::max(32, 2 * (opt_.engine.max_sequences + opt_.engine.max_queue) + 8);
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
   http_.set_payload_max_length(static_cast<std::size_t>(opt_.max_body));
+  // SO_REUSEADDR, not httplib's default SO_REUSEPORT: a restarted server binds at once (closed
+  // connections in TIME_WAIT do not block it), and a second server on a port in use fails instead of
+  // silently sharing it.
+  http_.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   http_.set_keep_alive_timeout(2);
   http_.set_read_timeout(30);
   http_.set_write_timeout(30);
