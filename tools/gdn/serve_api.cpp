@@ -253,14 +253,12 @@ ApiRequest parse_chat_request(const ojson& body, const ServeInfo& info) {
   out.req->prompt = info.tokenizer->encode(text);
   for (const Token t : out.req->prompt)
     if (t >= info.vocab) bad(fmt::format("the tokenizer produced id {}, outside the model's vocabulary of {}", t, info.vocab), "messages");
-  // The start of the last turn: the next request of this conversation shares everything before it.
+  // Where turns start: other conversations share the system turn, this one's next request everything
+  // before its last turn.
   if (info.im_start) {
     const auto& p = out.req->prompt;
-    for (std::size_t i = p.size(); i-- > 0;)
-      if (p[i] == *info.im_start) {
-        out.req->boundary = static_cast<std::int64_t>(i);
-        break;
-      }
+    for (std::size_t i = 1; i < p.size(); ++i)
+      if (p[i] == *info.im_start) out.req->boundaries.push_back(static_cast<std::int64_t>(i));
   }
   common(body, info, out);
   lengths(body, info, out);

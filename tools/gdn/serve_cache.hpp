@@ -1,6 +1,6 @@
 #pragma once
 // gdn serve's prefix cache: a radix tree over token ids whose nodes hold Context snapshots taken at any
-// token (the end of a prompt, every --cache-interval tokens, the start of the last chat turn, the end
+// token (the end of a prompt, every --cache-interval tokens, the start of each chat turn, the end
 // of a generation). A new request starts from the snapshot of its longest cached prefix and prefills
 // only the rest. Snapshots are exact (GDN state copied, KV pages shared copy-on-write), so a hit
 // continues bit-identically to a cold run, which is what makes token granularity possible: nothing is

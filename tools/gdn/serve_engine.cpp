@@ -389,7 +389,8 @@ void Engine::Impl::start(const std::shared_ptr<Request>& r) {
   if (use_cache) {
     if (cfg.cache_interval > 0)
       for (std::int64_t p = cfg.cache_interval; p < s->L - 1; p += cfg.cache_interval) s->points.push_back(p);
-    if (r->boundary > 0 && r->boundary < s->L - 1) s->points.push_back(r->boundary);
+    for (const std::int64_t b : r->boundaries)
+      if (b > 0 && b < s->L - 1) s->points.push_back(b);
     if (s->L >= 2) s->points.push_back(s->L - 1);
     std::sort(s->points.begin(), s->points.end());
     s->points.erase(std::unique(s->points.begin(), s->points.end()), s->points.end());

@@ -5,7 +5,7 @@
 // under a token budget, so a long prompt never stalls running decodes. Around it:
 //   * the prefix cache (serve_cache.hpp): a request starts from the snapshot of its longest cached
 //     prefix; snapshots are taken where chunks end (the end of the prompt, every cache_interval tokens,
-//     the start of the last chat turn, the end of a generation);
+//     the start of every chat turn, the end of a generation);
 //   * MTP speculative decoding per request with its own k, chosen from the request's measured
 //     acceptance and the measured cost of a draft token (down to 0, and off when it does not pay);
 //   * per-request sampling, stop tokens and stop strings, max_tokens, cancellation (a disconnected
@@ -64,7 +64,7 @@ struct Request {
   int max_tokens = 16;
   std::vector<Token> stop_tokens;
   std::vector<std::string> stop_strings;
-  std::int64_t boundary = -1;  // a prompt position worth a snapshot (where the last chat turn starts)
+  std::vector<std::int64_t> boundaries;  // prompt positions worth a snapshot (where chat turns start)
   bool use_cache = true;
   int fd = -1;                 // the client's socket, polled for a hang-up (-1: none)
 
