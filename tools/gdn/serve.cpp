@@ -315,8 +315,10 @@ void Server::generate(const httplib::Request& hreq, httplib::Response& res, bool
     }
     if (done && finish == Finish::cancelled) return false;
     const auto chunk = [&](ojson choice) {
-      return ojson{{"id", st->id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", st->created},
-                   {"model", st->model}, {"choices", ojson::array({std::move(choice)})}};
+      ojson c{{"id", st->id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", st->created},
+              {"model", st->model}, {"choices", ojson::array({std::move(choice)})}};
+      if (st->api.continuous_usage) c["usage"] = usage_json(st->prompt_tokens, completion, cached);
+      return c;
     };
     std::string out;
     if (chat && !st->started) out += sse(chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},

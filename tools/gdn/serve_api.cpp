@@ -90,6 +90,7 @@ void common(const ojson& body, const ServeInfo& info, ApiRequest& out) {
     for (const auto& [k, v] : so.items())
       if (k != "include_usage" && k != "continuous_usage_stats") bad(fmt::format("unknown field 'stream_options.{}'", k), "stream_options");
     out.include_usage = boolean(so, "include_usage", false);
+    out.continuous_usage = boolean(so, "continuous_usage_stats", false);
   }
 
   // Stops: the model's eos ids (and <|im_end|> for chat) unless ignore_eos, extra ids, strings.

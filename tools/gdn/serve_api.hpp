@@ -49,6 +49,7 @@ SamplingParams generation_defaults(const std::string& model_dir);
 struct ApiRequest {
   std::shared_ptr<Request> req;
   bool chat = false, stream = false, include_usage = false;
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM's): usage in every chunk
   bool thinking = false;    // the prompt ends in an open <think> block
   std::string tools_json;   // tools the output is parsed for (empty: none)
 };
