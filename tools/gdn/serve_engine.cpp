@@ -134,6 +134,7 @@ struct Slot {
   std::vector<float> chain_hidden;
   std::int64_t mtp_valid = 0;
   int k = 0, since_explore = 0, rounds_at_zero = 0;
+  std::int64_t trials = 0;  // drafts tried (up to the first rejection of each round)
   double alpha = 0.5;
   // This loop's entry in the main batch.
   std::size_t entry = 0;
@@ -356,8 +357,9 @@ void Engine::Impl::admit() {
 
 bool Engine::Impl::start_mtp() {
   if (!mtp_enabled) return false;
-  // Every 8th request probes, so that the acceptance estimate new requests start from stays current.
-  if (started % 8 == 0 || !main_cost.known() || !draft_cost.known()) return true;
+  // Every 16th request probes, so that the acceptance estimate new requests start from stays current;
+  // the others draft only when that estimate says drafting pays.
+  if (started % 16 == 0 || !main_cost.known() || !draft_cost.known()) return true;
   double a = 0, b = 0, ad = 0, bd = 0;
   main_cost.fit(a, b);
   draft_cost.fit(ad, bd);
@@ -442,18 +444,19 @@ int Engine::Impl::choose_k(Slot& s) {
       best = k;
     }
   }
-  // Now and then a neighbour, so that a change in acceptance is noticed.
-  if (++s.since_explore >= 16) {
-    s.since_explore = 0;
-    return best == K ? best - 1 : best + 1;
-  }
-  if (best == 0 && ++s.rounds_at_zero >= 48) {
-    // Drafting has not paid for a while: stop feeding the MTP layer altogether.
+  // Drafts that are hardly ever accepted: stop feeding the MTP layer altogether (what keeps adaptive MTP
+  // from costing anything on a model whose head does not predict it).
+  if ((s.trials >= 8 && s.alpha < 0.1) || (best == 0 && ++s.rounds_at_zero >= 48)) {
     s.mtp = false;
     s.pair_hidden.clear();
     s.pair_tokens.clear();
-  } else if (best > 0) {
-    s.rounds_at_zero = 0;
+    return 0;
+  }
+  if (best > 0) s.rounds_at_zero = 0;
+  // Now and then a neighbour, so that a change in acceptance is noticed (seldom when drafts fail).
+  if (++s.since_explore >= (s.alpha < 0.3 ? 64 : 16)) {
+    s.since_explore = 0;
+    return best == K ? best - 1 : best + 1;
   }
   return best;
 }
@@ -725,7 +728,8 @@ void Engine::Impl::post_decode(Slot& s) {
     const int trials = a < s.k ? a + 1 : s.k;
     const double rate = static_cast<double>(a) / trials;
     s.alpha = 0.8 * s.alpha + 0.2 * rate;
-    alpha_global = 0.95 * alpha_global + 0.05 * rate;
+    s.trials += trials;
+    alpha_global = 0.8 * alpha_global + 0.2 * rate;
     {
       std::lock_guard lk(mm);
       met.drafted += s.k;
