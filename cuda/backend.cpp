@@ -147,8 +147,8 @@ rt::DeviceInfo open_device(int device) {
   const cudaError_t e = rt::device_count(&n);
   if (e == cudaErrorInsufficientDriver)
     throw Error(Status::backend_unavailable,
-                "the CUDA backend is not available: the NVIDIA driver is older than the CUDA runtime libgdn was built "
-                "with (update the driver)");
+                "the CUDA backend is not available: no usable NVIDIA driver (none is installed, or it is older than the "
+                "CUDA runtime libgdn was built with)");
   if (e != cudaSuccess || n == 0)
     throw Error(Status::backend_unavailable,
                 fmt::format("the CUDA backend is not available: no CUDA device ({})",
@@ -544,6 +544,7 @@ class CudaBackend final : public BackendInterface {
   void rollback(int slot, std::int64_t keep) override;
 
   std::unique_ptr<StateCopy> save_slot(int slot) override {
+    check(rt::set_device(p_.device), "selecting the device");
     auto copy = std::make_unique<DeviceStateCopy>();
     copy->conv = DeviceMemory(conv_slot_bytes(), "snapshot");  // out of memory: nothing written, still usable
     copy->recurrent = DeviceMemory(rec_slot_bytes(), "snapshot");
@@ -624,6 +625,7 @@ class CudaBackend final : public BackendInterface {
   void guarded(F&& fn) {
     if (!usable_) throw Error(Status::internal, "CUDA backend: unusable after an earlier device failure");
     try {
+      check(rt::set_device(p_.device), "selecting the device");  // contexts on several devices may share a thread
       fn();
     } catch (const Error& e) {
       if (e.status() != Status::out_of_capacity || rt::last_error() != cudaSuccess) usable_ = false;
@@ -1341,6 +1343,8 @@ namespace gdn {
 std::unique_ptr<BackendInterface> make_cuda_backend(std::shared_ptr<const Model> model, const BackendParams& params) {
   return std::make_unique<cuda::CudaBackend>(std::move(model), params);
 }
+
+void require_cuda_device(int device) { (void)cuda::open_device(device); }
 
 double measure_cuda_copy_bandwidth(int device, std::size_t bytes) {
   namespace rt = cuda::rt;

@@ -35,9 +35,9 @@ say() { printf '\n[%s] == %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 # The sources the binaries depend on, hashed: a carried build is used only for the same sources.
 source_stamp() {
-  { git ls-files -s -- CMakeLists.txt cmake cuda include src capi tests/CMakeLists.txt tests/test_cuda_kernels.cpp \
-      tests/test_cuda_context.cpp tests/test_main.cpp tests/test_util.hpp tools/gdn 2>/dev/null
-    git diff HEAD -- CMakeLists.txt cmake cuda include src capi tests tools/gdn 2>/dev/null; } | sha256sum | cut -c1-16
+  git ls-files -co --exclude-standard -- CMakeLists.txt cmake cuda include src capi tests/CMakeLists.txt \
+      tests/test_cuda_kernels.cpp tests/test_cuda_context.cpp tests/test_main.cpp tests/test_util.hpp tools/gdn 2>/dev/null |
+    sort | while read -r f; do [[ -f "$f" ]] && { echo "$f"; cat "$f"; }; done | sha256sum | cut -c1-16
 }
 
 if [[ "${1:-}" == "--prepare" ]]; then
@@ -58,7 +58,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
   for b in test_cuda_kernels test_cuda_context gdn gdn-bench gdn_cuda_bench; do cp "$build/bin/$b" "$DEV/bin/"; done
   # Shared libraries the GPU machine's image lacks (not libc / libstdc++: theirs is newer).
   for b in "$DEV"/bin/*; do
-    ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libutf8proc|libz\.' | while read -r lib; do
+    for lib in $(ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libutf8proc|libz\.' || true); do
       cp -L "$lib" "$DEV/lib/"
     done
   done

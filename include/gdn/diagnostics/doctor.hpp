@@ -85,7 +85,8 @@ struct DoctorReport {
 
 // Runs every check on the checkpoint in `dir`. A checkpoint that cannot be loaded is a report with
 // a FAIL naming why (and the checks that need the model SKIPped), not an exception; only I/O
-// failures of the doctor itself (e.g. out of memory) throw gdn::Error.
+// failures of the doctor itself (e.g. out of memory) throw gdn::Error, and so does asking for the
+// CUDA backend where it cannot run (Error(backend_unavailable) with the reason).
 DoctorReport run_doctor(const std::string& dir, const DoctorOptions& options = {});
 
 // Thresholds, with why. Logit deviations are absolute, scaled by max(1, std of the logits) so that
