@@ -227,7 +227,7 @@ void write_struct(S* out, const S& value, std::uint32_t v1, const char* type) {
   out->size = size;
 }
 
-gdn::Backend to_backend(gdn_backend b) {
+gdn::Backend to_backend(const gdn_backend& b) {  // by reference: a bad value must not be loaded as the enum (UB)
   switch (enum_int(b)) {
     case GDN_BACKEND_CPU: return gdn::Backend::cpu;
     case GDN_BACKEND_CUDA: return gdn::Backend::cuda;
