@@ -328,17 +328,21 @@ PYBIND11_MODULE(gdn, m) {
   py::class_<ModelHandle>(m, "Model", "An immutable model; share it between contexts and threads.")
       .def_static(
           "load",
-          [](const std::string& path, bool load_mtp, bool pack_weights) {
+          [](const std::string& path, bool load_mtp, bool pack_weights, gdn::Backend backend, int device) {
             gdn::ModelParams p;
             p.load_mtp = load_mtp;
             p.pack_weights = pack_weights;
+            p.backend = backend;
+            p.device = device;
             py::gil_scoped_release nogil;
             return ModelHandle{gdn::Model::load(path, p)};
           },
           "path"_a, py::kw_only(), "load_mtp"_a = gdn::ModelParams{}.load_mtp,
-          "pack_weights"_a = gdn::ModelParams{}.pack_weights,
+          "pack_weights"_a = gdn::ModelParams{}.pack_weights, "backend"_a = gdn::ModelParams{}.backend,
+          "device"_a = gdn::ModelParams{}.device,
           "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped. "
-          "pack_weights: copy the projections into the order the CPU kernel reads them (AMX or AVX-512; faster decode).")
+          "pack_weights: copy the projections into the order the CPU kernel reads them (AMX or AVX-512; faster decode). "
+          "backend: whose form of the weights to make now (gdn.Backend.cuda: upload them to `device`).")
       .def_property_readonly(
           "config", [](const ModelHandle& pm) -> const gdn::ModelConfig& { return pm.model->config(); },
           py::return_value_policy::reference_internal)
@@ -439,7 +443,7 @@ PYBIND11_MODULE(gdn, m) {
                             "back into the context its generation runs on raises gdn.BusyError.")
       .def(py::init([](const ModelHandle& pm, int max_sequences, int max_context, int kv_page_size, std::int64_t kv_pages,
                        int max_batch_tokens, int max_logits_rows, std::optional<gdn::DType> state_dtype, int threads,
-                       int gdn_chunk_min_tokens, int max_rollback_tokens, gdn::Backend backend,
+                       int gdn_chunk_min_tokens, int max_rollback_tokens, gdn::Backend backend, int device, bool cuda_graphs,
                        gdn::MatmulInput matmul_input) {
              gdn::ContextParams p;
              p.max_sequences = max_sequences;
@@ -453,6 +457,8 @@ PYBIND11_MODULE(gdn, m) {
              p.gdn_chunk_min_tokens = gdn_chunk_min_tokens;
              p.max_rollback_tokens = max_rollback_tokens;
              p.backend = backend;
+             p.device = device;
+             p.cuda_graphs = cuda_graphs;
              p.matmul_input = matmul_input;
              return std::make_unique<ContextHandle>(pm.model, p);
            }),
@@ -460,7 +466,7 @@ PYBIND11_MODULE(gdn, m) {
            "kv_page_size"_a = d.kv_page_size, "kv_pages"_a = d.kv_pages, "max_batch_tokens"_a = d.max_batch_tokens,
            "max_logits_rows"_a = d.max_logits_rows, "state_dtype"_a = py::none(), "threads"_a = d.threads,
            "gdn_chunk_min_tokens"_a = d.gdn_chunk_min_tokens, "max_rollback_tokens"_a = d.max_rollback_tokens,
-           "backend"_a = d.backend, "matmul_input"_a = d.matmul_input)
+           "backend"_a = d.backend, "device"_a = d.device, "cuda_graphs"_a = d.cuda_graphs, "matmul_input"_a = d.matmul_input)
       .def_property_readonly("model", [](const ContextHandle& c) { return ModelHandle{c.model}; })
       .def("hold", [](const ContextHandle& c) { return ContextHold{c.lock}; },
            "`with ctx.hold():` makes the calls of the block one turn: other threads wait until it ends. Nests; a "

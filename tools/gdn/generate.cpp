@@ -1,6 +1,6 @@
 // gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--max-tokens N]
-//              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs]
+//              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs] [--backend cpu|cuda]
 //
 // Streams the generated text to stdout as it is produced; the model-loading progress bar and the
 // prefill / decode speeds go to stderr, so stdout is clean text.
@@ -29,12 +29,13 @@ int usage() {
       "usage: gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT]\n"
       "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
       "                    [--seed S] [--max-tokens N] [--stop STRING]... [--mtp K] [--threads N]\n"
-      "                    [--bf16-inputs]\n"
+      "                    [--bf16-inputs] [--backend cpu|cuda]\n"
       "  --chat      wrap the prompt in the model's chat template (stops at <|im_end|>)\n"
       "  --think     with --chat, leave thinking on (default: off)\n"
       "  --temp 0    greedy (the default); > 0 samples\n"
       "  --mtp K     speculative decoding with the checkpoint's MTP head, up to K drafts per step\n"
-      "  --bf16-inputs  round activations to bf16 before each projection (faster prefill on AVX-512-BF16)\n",
+      "  --bf16-inputs  round activations to bf16 before each projection (faster prefill on AVX-512-BF16)\n"
+      "  --backend   cpu (default) or cuda (an NVIDIA GPU: bf16 activations, see docs/cuda.md)\n",
       stderr);
   return 2;
 }
@@ -60,6 +61,7 @@ int generate(int argc, char** argv) {
   gp.max_tokens = 128;
   int threads = 0;
   MatmulInput matmul_input = MatmulInput::float32;
+  Backend backend = Backend::cpu;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     const bool v = i + 1 < argc;
@@ -78,6 +80,7 @@ int generate(int argc, char** argv) {
     else if (a == "--mtp" && v) gp.mtp_draft = std::stoi(argv[++i]);
     else if (a == "--threads" && v) threads = std::stoi(argv[++i]);
     else if (a == "--bf16-inputs") matmul_input = MatmulInput::bf16;
+    else if (a == "--backend" && v) backend = parse_backend(argv[++i]);
     else return usage();
   }
   if (prompt.empty()) return usage();
@@ -87,9 +90,10 @@ int generate(int argc, char** argv) {
     throw Error(Status::io_error, fmt::format("'{}' has no tokenizer.json; gdn generate needs one", dir));
   const Tokenizer tok = Tokenizer::load(tok_path);
   ModelParams mp;
-  mp.progress = progress_bar;  // packing the weights for the kernel reads them all
+  mp.backend = backend;
+  mp.progress = progress_bar;  // packing (or uploading) the weights reads them all
   auto model = Model::load(dir, mp);
-  model->prefetch(progress_bar);  // reads them when they were not packed
+  if (backend == Backend::cpu) model->prefetch(progress_bar);  // reads them when they were not packed
 
   std::string text = prompt;
   if (chat) {
@@ -113,6 +117,7 @@ int generate(int argc, char** argv) {
   cp.max_context = static_cast<int>(ids.size()) + gp.max_tokens + gp.mtp_draft + 2;
   cp.threads = threads;
   cp.matmul_input = matmul_input;
+  cp.backend = backend;
   cp.max_rollback_tokens = gp.mtp_draft > 0 ? gp.mtp_draft + 1 : 0;
   cp.max_batch_tokens = std::max(256, cp.max_rollback_tokens);
   Context ctx(model, cp);

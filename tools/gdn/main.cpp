@@ -38,11 +38,14 @@ int usage() {
       "usage:\n"
       "  gdn info MODEL_DIR\n"
       "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16]\n"
+      "                      [--backend cpu|cuda]\n"
       "  gdn generate MODEL_DIR --prompt TEXT [--chat] [--temp T] [--top-p P] [--seed S] [--max-tokens N] [--mtp K]\n"
+      "                        [--backend cpu|cuda]\n"
       "  gdn speculate MODEL_DIR [--prompts FILE] [--k K]...   MTP acceptance and speedup vs plain decoding\n"
-      "  gdn doctor MODEL_DIR [--json] [--quick] [--threads N]\n"
+      "  gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--backend cpu|cuda]\n"
       "  gdn serve MODEL_DIR [--host H] [--port N] [--api-key K] [--max-sequences N] [--cache-bytes B] [--mtp K]\n"
-      "  gdn bench [--shape 0.8b|2b | --model DIR] [--quick] [--json FILE] [--peer-python PY] (see bench.cpp)\n",
+      "                    [--backend cpu|cuda]\n"
+      "  gdn bench [--shape 0.8b|2b|27b | --model DIR] [--backend cpu|cuda] [--quick] [--json FILE] (see bench.cpp)\n",
       stderr);
   return 2;
 }
@@ -91,12 +94,14 @@ int cmd_logits(const std::string& dir, int argc, char** argv) {
   std::string out;
   gdn::ContextParams p;
   p.max_sequences = 1;
+  gdn::ModelParams mp;
   for (int i = 0; i < argc; ++i) {
     const std::string_view a = argv[i];
     const bool has_value = i + 1 < argc;
     if (a == "--tokens" && has_value) tokens = parse_tokens(argv[++i]);
     else if (a == "--out" && has_value) out = argv[++i];
     else if (a == "--threads" && has_value) p.threads = std::atoi(argv[++i]);
+    else if (a == "--backend" && has_value) mp.backend = p.backend = gdn::cli::parse_backend(argv[++i]);
     else if (a == "--state-dtype" && has_value) {
       const std::string_view v = argv[++i];
       if (v == "f32") p.state_dtype = gdn::DType::f32;
@@ -107,7 +112,7 @@ int cmd_logits(const std::string& dir, int argc, char** argv) {
     }
   }
   if (tokens.empty()) return usage();
-  auto model = gdn::Model::load(dir);
+  auto model = gdn::Model::load(dir, mp);
   p.max_context = static_cast<int>(tokens.size());
   p.max_logits_rows = static_cast<int>(tokens.size());
   gdn::Context ctx(model, p);

@@ -27,6 +27,7 @@ struct ModelParams {
   // CUDA backend's device copy (on device 0). Any other backend makes its form when its first
   // context is created.
   Backend backend = Backend::cpu;
+  int device = 0;  // the CUDA device the load uploads to (backend cuda)
   // When this process's projection kernel reads an image (AMX, AVX-512): copy the bf16 projections
   // into the kernel's order (once, for the CPU backend), so decode streams weights sequentially.
   // Costs the weights' size in anonymous memory (the checkpoint's pages of them are let go) and one
