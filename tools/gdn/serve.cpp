@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
@@ -49,11 +50,12 @@ int usage() {
   std::fputs(
       "usage: gdn serve MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--served-model-name NAME]\n"
       "                 [--max-sequences 8] [--max-context 4096] [--max-queue 64] [--cache-bytes 1G]\n"
-      "                 [--cache-interval 512] [--mtp K] [--step-tokens 256] [--threads N] [--backend cpu|cuda]\n"
+      "                 [--cache-interval 512] [--mtp K [--mtp-fixed]] [--step-tokens 256] [--threads N] [--backend cpu|cuda]\n"
       "                 [--device N] [--max-body-bytes 8M] [--shutdown-timeout 10] [--http-threads N]\n"
       "  --port 0           pick a free port (printed on stdout: 'listening on http://HOST:PORT')\n"
       "  --cache-bytes B    memory for the prefix cache (snapshots and the KV pages they keep); 0 disables it\n"
       "  --mtp K            MTP speculative decoding with up to K drafts per round, k adapted per request\n"
+      "  --mtp-fixed        draft K every round, never adapted (tests, measurements)\n"
       "  --step-tokens N    tokens per step: every running decode plus prefill chunks of new requests\n",
       stderr);
   return 2;
@@ -470,8 +472,13 @@ void Server::load() {
   if (!std::filesystem::exists(tok_path))
     throw Error(Status::io_error, fmt::format("'{}' has no tokenizer.json; gdn serve needs one", opt_.dir));
   tok_ = std::make_unique<Tokenizer>(Tokenizer::load(tok_path));
-  auto model = Model::load(opt_.dir);
-  model->prefetch();
+  // The load makes the backend's form of the weights (packed for the CPU, uploaded to the device for
+  // CUDA); prefetching the mapping only helps the CPU, which may read weights in place.
+  ModelParams mp;
+  mp.backend = opt_.engine.backend;
+  mp.device = opt_.engine.device;
+  auto model = Model::load(opt_.dir, mp);
+  if (mp.backend == Backend::cpu) model->prefetch();
   info_.tokenizer = tok_.get();
   info_.eos = load_eos_token_ids(opt_.dir);
   info_.im_start = tok_->token_to_id("<|im_start|>");
@@ -537,6 +544,9 @@ int Server::run() {
     phase_ = 3;
     engine_->shutdown(std::chrono::milliseconds(static_cast<std::int64_t>(opt_.shutdown_timeout * 1000)));
   }
+  // httplib's stop() does nothing until the listener thread has entered its accept loop, and the
+  // loop would then run forever: a load that fails at once (no CUDA device) raced it and hung here.
+  while (!http_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   http_.stop();
   listener.join();
   engine_.reset();
@@ -567,6 +577,7 @@ int serve(int argc, char** argv) {
     else if (a == "--cache-bytes" && v) o.engine.cache_bytes = parse_bytes(argv[++i]);
     else if (a == "--cache-interval" && v) o.engine.cache_interval = std::stoi(argv[++i]);
     else if (a == "--mtp" && v) o.engine.mtp = std::stoi(argv[++i]);
+    else if (a == "--mtp-fixed") o.engine.mtp_adaptive = false;
     else if (a == "--step-tokens" && v) o.engine.step_tokens = std::stoi(argv[++i]);
     else if (a == "--threads" && v) o.engine.threads = std::stoi(argv[++i]);
     else if (a == "--device" && v) o.engine.device = std::stoi(argv[++i]);
@@ -574,12 +585,8 @@ int serve(int argc, char** argv) {
     else if (a == "--shutdown-timeout" && v) o.shutdown_timeout = std::stod(argv[++i]);
     else if (a == "--http-threads" && v) o.http_threads = std::stoi(argv[++i]);
     else if (a == "--verbose") o.verbose = true;
-    else if (a == "--backend" && v) {
-      const std::string_view b = argv[++i];
-      if (b == "cpu") o.engine.backend = Backend::cpu;
-      else if (b == "cuda") o.engine.backend = Backend::cuda;
-      else throw Error(Status::invalid_argument, fmt::format("--backend: '{}' is not cpu or cuda", b));
-    } else {
+    else if (a == "--backend" && v) o.engine.backend = parse_backend(argv[++i]);
+    else {
       fmt::print(stderr, "gdn serve: unknown argument '{}'\n", a);
       return usage();
     }

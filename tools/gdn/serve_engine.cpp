@@ -94,7 +94,10 @@ ContextParams serve_context_params(const std::shared_ptr<const Model>& model, co
     ContextParams probe;
     probe.max_sequences = 1;
     probe.max_context = 16;
-    probe.backend = Backend::cpu;
+    // On the engine's own backend: a CPU probe of a model loaded for CUDA would make the CPU's packed
+    // form of every weight just to learn one number, and the backends store KV differently.
+    probe.backend = config.backend;
+    probe.device = config.device;
     probe.threads = 1;
     const std::int64_t kv_token = Context(model, probe).kv_bytes_per_token();
     const std::int64_t per_seq = (config.max_context + p.kv_page_size - 1) / p.kv_page_size;
@@ -357,6 +360,7 @@ void Engine::Impl::admit() {
 
 bool Engine::Impl::start_mtp() {
   if (!mtp_enabled) return false;
+  if (!cfg.mtp_adaptive) return true;
   // Every 16th request probes, so that the acceptance estimate new requests start from stays current;
   // the others draft only when that estimate says drafting pays.
   if (started % 16 == 0 || !main_cost.known() || !draft_cost.known()) return true;
@@ -426,7 +430,7 @@ int Engine::Impl::choose_k(Slot& s) {
   const int K = static_cast<int>(std::min<std::int64_t>({cfg.mtp, s.req->max_tokens - s.generated - 1,
                                                           cfg.max_context - static_cast<std::int64_t>(s.fed.size()) - 2}));
   if (K <= 0) return 0;
-  if (!main_cost.known() || !draft_cost.known()) return K;
+  if (!cfg.mtp_adaptive || !main_cost.known() || !draft_cost.known()) return K;
   double a = 0, b = 0, ad = 0, bd = 0;
   main_cost.fit(a, b);
   draft_cost.fit(ad, bd);

@@ -48,6 +48,9 @@ struct EngineConfig {
   std::int64_t cache_bytes = std::int64_t{1} << 30;
   int cache_interval = 512;                 // tokens between prefill snapshots (0: only the special points)
   int mtp = 0;                              // max drafts per round; 0: no speculative decoding
+  // false: every request drafts k = mtp every round (what the tests use to exercise verification on every
+  // step, and a benchmark to see MTP's unadapted cost); true: k chosen per request from its acceptance.
+  bool mtp_adaptive = true;
   int step_tokens = 256;                    // token budget of one step (decode rows + prefill chunks)
   int threads = 0;
   Backend backend = Backend::cpu;
