@@ -342,10 +342,13 @@ def test_cache_hit_identical_to_cold(server, offline):
 
 
 def test_mtp_on_equals_off(server, offline):
+    # k fixed at 2: every decode round drafts and verifies, whatever the machine's timing makes the
+    # adaptive choice (the shared fixture's adaptive server may find that drafting does not pay).
+    fixed = Server("--mtp", "2", "--mtp-fixed", "--max-sequences", "4", "--cache-bytes", "16M")
     plain = Server("--mtp", "0", "--max-sequences", "4", "--cache-bytes", "0")
     try:
-        before = server.metrics()
-        a, b = server.client(), plain.client()
+        before = fixed.metrics()
+        a, b = fixed.client(), plain.client()
         for i in range(12):
             api, ref = sampling_for(i)
             api, body = merged_extra(api, {"ignore_eos": i % 2 == 0})
@@ -353,10 +356,12 @@ def test_mtp_on_equals_off(server, offline):
             ra, rb = a.completions.create(**kw), b.completions.create(**kw)
             assert ra.choices[0].text == rb.choices[0].text, i
             assert ra.usage.completion_tokens == rb.usage.completion_tokens
-        after = server.metrics()
+        after = fixed.metrics()
         assert after["gdn_mtp_draft_tokens_total"] > before["gdn_mtp_draft_tokens_total"]
+        assert after["gdn_mtp_accepted_tokens_total"] > 0
         assert plain.metrics()["gdn_mtp_draft_tokens_total"] == 0
     finally:
+        assert fixed.stop() == 0
         assert plain.stop() == 0
 
 
@@ -526,3 +531,15 @@ def test_sigterm_finishes_in_flight_requests_and_frees_the_port():
     assert b'"finish_reason":"length"' in data
     assert s.stop() == 0
     assert port_is_free(s.port)
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="a GPU is present: --backend cuda would serve")
+def test_backend_cuda_without_a_device_fails_with_the_reason():
+    # --backend cuda goes through the library's backend plumbing (ModelParams / ContextParams): where no
+    # device (or no CUDA build) exists the load fails with backend_unavailable's reason and the process exits
+    # instead of serving 503 forever.
+    p = subprocess.run([CLI, "serve", TINY, "--port", "0", "--backend", "cuda"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert "the CUDA backend is not available" in p.stderr
+    p = subprocess.run([CLI, "serve", TINY, "--port", "0", "--backend", "tpu"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "'tpu' is not cpu or cuda" in p.stderr
