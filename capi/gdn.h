@@ -363,7 +363,10 @@ GDN_API gdn_status gdn_batch_clear(gdn_batch *batch);
 enum {
     /* An output row for every token of the entry, carrying its final hidden state (what the MTP
      * head reads); logits are still computed only where the logits mode asks. */
-    GDN_BATCH_HIDDEN_ALL = 1u << 0
+    GDN_BATCH_HIDDEN_ALL = 1u << 0,
+    /* This step of the sequence will not be rolled back: a context with max_rollback_tokens > 0 skips
+     * logging it (the log copies the sequence's GDN state; gdn_context_rollback then refuses it). */
+    GDN_BATCH_NO_ROLLBACK = 1u << 1
 };
 
 /* Appends n_tokens tokens for `seq`. The entry's output rows are consecutive: one per token with
@@ -542,9 +545,10 @@ GDN_API gdn_status gdn_stream_decoder_flush(gdn_stream_decoder *decoder, const c
 GDN_API gdn_status gdn_stream_decoder_reset(gdn_stream_decoder *decoder);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Chat template: the Qwen3.5 / Qwen3.6 template (ChatML with <think> blocks; gdn/text/chat_template.hpp),
- * byte for byte what transformers' apply_chat_template(..., tokenize=False) returns, for text-only
- * conversations. */
+/* Chat template: the Qwen3.5 / Qwen3.6 template (ChatML with <think> blocks and XML tool calls;
+ * gdn/text/chat_template.hpp), byte for byte what transformers' apply_chat_template(..., tokenize=False)
+ * returns, for text conversations (gdn_chat_render: roles and contents; gdn_chat_render_json: tools and tool
+ * calls too). */
 
 typedef struct gdn_chat_params {
     uint32_t size;               /* sizeof(gdn_chat_params) */
@@ -573,6 +577,17 @@ GDN_API gdn_status gdn_chat_render(const char *const *roles, const char *const *
                                    const char *const *reasoning_contents, size_t n_messages,
                                    const gdn_chat_params *params, char *out_text, size_t capacity, size_t *out_len);
 
+/* The same for a conversation given as JSON, as OpenAI's API and transformers take it (tools and tool
+ * calls included; gdn::render_chat_json): messages_json is an array of {"role", "content" (a string, null
+ * or a list of text parts), "reasoning_content", "tool_calls": [{"type": "function", "function": {"name",
+ * "arguments" (an object or a JSON string holding one)}}]} objects; tools_json an array of tools
+ * ({"type": "function", "function": {...}}), or NULL / "null" for none. The tools are written as
+ * transformers writes them (Python's json.dumps), the calls in the template's <tool_call> XML.
+ * INVALID_ARGUMENT naming what is wrong: JSON that does not parse, malformed tool calls, image or video
+ * parts (the model reads text only), and what the template itself rejects. */
+GDN_API gdn_status gdn_chat_render_json(const char *messages_json, const char *tools_json, const gdn_chat_params *params,
+                                        char *out_text, size_t capacity, size_t *out_len);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Sampling (gdn/runtime/sampling.hpp): penalties on tokens already seen, then temperature, top-k,
  * top-p and min-p, in the order transformers' generate() applies them, and a draw from the
@@ -587,6 +602,7 @@ typedef struct gdn_sampling_params {
     float repetition_penalty;  /* 1: off; > 1 discourages seen tokens (logit > 0: / penalty, else * penalty) */
     float presence_penalty;    /* 0: off; subtracted once from the logit of every seen token */
     uint64_t seed;             /* the RNG's seed (default 0) */
+    float frequency_penalty;   /* 0: off; subtracted from a seen token's logit once per occurrence (added in 0.1) */
 } gdn_sampling_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */

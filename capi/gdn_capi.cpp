@@ -635,10 +635,11 @@ gdn_status gdn_batch_add(gdn_batch* batch, gdn_seq_id seq, const gdn_token* toke
     const int mode = enum_int(logits);
     if (mode != GDN_LOGITS_NONE && mode != GDN_LOGITS_LAST && mode != GDN_LOGITS_ALL)
       invalid("logits mode " + std::to_string(mode) + " is not a gdn_logits_mode");
-    if ((flags & ~static_cast<uint32_t>(GDN_BATCH_HIDDEN_ALL)) != 0)
+    if ((flags & ~static_cast<uint32_t>(GDN_BATCH_HIDDEN_ALL | GDN_BATCH_NO_ROLLBACK)) != 0)
       invalid("flags " + std::to_string(flags) + " has bits this libgdn " GDN_VERSION_STRING " does not know");
     const std::size_t e = batch->batch.add(seq, std::span<const gdn::Token>(tokens, static_cast<std::size_t>(n_tokens)),
-                                           static_cast<gdn::LogitsFor>(logits), (flags & GDN_BATCH_HIDDEN_ALL) != 0);
+                                           static_cast<gdn::LogitsFor>(logits), (flags & GDN_BATCH_HIDDEN_ALL) != 0,
+                                           (flags & GDN_BATCH_NO_ROLLBACK) == 0);
     if (out_first_row != nullptr) {
       const bool has_rows = n_tokens > 0 && batch->batch.output_row(e, n_tokens - 1) >= 0;
       *out_first_row = has_rows ? batch->batch.entries()[e].output_begin : -1;
@@ -941,6 +942,7 @@ gdn_sampling_params default_sampling_params() {
   p.repetition_penalty = d.repetition_penalty;
   p.presence_penalty = d.presence_penalty;
   p.seed = d.seed;
+  p.frequency_penalty = d.frequency_penalty;
   return p;
 }
 
@@ -955,6 +957,7 @@ gdn::SamplingParams to_cpp(const gdn_sampling_params* in) {
   s.repetition_penalty = p.repetition_penalty;
   s.presence_penalty = p.presence_penalty;
   s.seed = p.seed;
+  s.frequency_penalty = p.frequency_penalty;
   return s;
 }
 
@@ -1216,6 +1219,21 @@ gdn_status gdn_chat_render(const char* const* roles, const char* const* contents
     o.enable_thinking = p.enable_thinking;
     o.preserve_thinking = p.preserve_thinking;
     deliver_text(gdn::render_chat(messages, o), out_text, capacity, out_len);
+  });
+}
+
+gdn_status gdn_chat_render_json(const char* messages_json, const char* tools_json, const gdn_chat_params* params,
+                                char* out_text, size_t capacity, size_t* out_len) {
+  return guard("gdn_chat_render_json", [&] {
+    if (messages_json == nullptr) invalid("messages_json is NULL");
+    gdn_chat_params p = default_chat_params();
+    read_struct(params, p, chat_params_v1, "gdn_chat_params");
+    check_text_buffer(out_text, capacity, out_len);
+    gdn::ChatOptions o;
+    o.add_generation_prompt = p.add_generation_prompt;
+    o.enable_thinking = p.enable_thinking;
+    o.preserve_thinking = p.preserve_thinking;
+    deliver_text(gdn::render_chat_json(messages_json, tools_json != nullptr ? tools_json : "", o), out_text, capacity, out_len);
   });
 }
 

@@ -34,6 +34,9 @@ Sampler::Sampler(const SamplingParams& params, int vocab_size) : params_(params)
     throw Error(Status::invalid_argument, fmt::format("sampling: top_p must be in (0, 1], got {}", params.top_p));
   if (!(params.min_p >= 0.0f && params.min_p <= 1.0f))
     throw Error(Status::invalid_argument, fmt::format("sampling: min_p must be in [0, 1], got {}", params.min_p));
+  if (!std::isfinite(params.presence_penalty) || !std::isfinite(params.frequency_penalty))
+    throw Error(Status::invalid_argument, fmt::format("sampling: presence_penalty and frequency_penalty must be finite, got {} and {}",
+                                                      params.presence_penalty, params.frequency_penalty));
   if (!(params.repetition_penalty > 0.0f))
     throw Error(Status::invalid_argument,
                 fmt::format("sampling: repetition_penalty must be > 0, got {}", params.repetition_penalty));
@@ -53,19 +56,25 @@ void Sampler::penalised(std::span<const float> logits, std::span<const Token> pe
     throw Error(Status::invalid_argument, fmt::format("sampling: {} logits for a vocabulary of {}", logits.size(), vocab_));
   std::copy(logits.begin(), logits.end(), out.begin());
   const bool rep = params_.repetition_penalty != 1.0f, pres = params_.presence_penalty != 0.0f;
-  if (!rep && !pres) return;
-  // Each seen token is penalised once, whatever its count (as transformers does).
-  const auto penalise = [&](Token t) {
+  const bool freq = params_.frequency_penalty != 0.0f;
+  if (!rep && !pres && !freq) return;
+  // Repetition and presence penalties apply once per seen token, whatever its count (as transformers
+  // does); the frequency penalty once per occurrence (as OpenAI's API does).
+  const auto penalise = [&](Token t, int count) {
     float& l = out[static_cast<std::size_t>(t)];
     if (rep) l = l > 0.0f ? l / params_.repetition_penalty : l * params_.repetition_penalty;
     if (pres) l -= params_.presence_penalty;
+    if (freq) l -= params_.frequency_penalty * static_cast<float>(count);
   };
-  for (const auto& [t, n] : seen_) penalise(t);
+  const auto in_pending = [&](Token t, std::size_t from) {
+    return static_cast<int>(std::count(pending.begin() + static_cast<std::ptrdiff_t>(from), pending.end(), t));
+  };
+  for (const auto& [t, n] : seen_) penalise(t, pending.empty() ? n : n + in_pending(t, 0));
   for (std::size_t i = 0; i < pending.size(); ++i) {
     const Token t = pending[i];
     if (t < 0 || t >= vocab_ || seen_.count(t)) continue;
     if (std::find(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(i), t) != pending.begin() + static_cast<std::ptrdiff_t>(i)) continue;
-    penalise(t);
+    penalise(t, in_pending(t, i));
   }
 }
 

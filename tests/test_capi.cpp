@@ -1118,6 +1118,39 @@ TEST_CASE("chat template through the C ABI equals render_chat", "[capi][text]") 
   CHECK(gdn_chat_render(roles, contents, nullptr, 4, nullptr, nullptr, 0, nullptr) == GDN_STATUS_INVALID_ARGUMENT);
 }
 
+TEST_CASE("chat template with tools through the C ABI equals render_chat_json", "[capi][text]") {
+  const char* messages = R"([{"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])";
+  const char* tools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+  gdn_chat_params p = gdn_chat_default_params();
+  p.add_generation_prompt = true;
+  std::size_t len = 0;
+  REQUIRE(gdn_chat_render_json(messages, tools, &p, nullptr, 0, &len) == GDN_STATUS_OK);
+  std::string out(len + 1, '\0');
+  REQUIRE(gdn_chat_render_json(messages, tools, &p, out.data(), out.size(), &len) == GDN_STATUS_OK);
+  out.resize(len);
+  ChatOptions o;
+  o.add_generation_prompt = true;
+  CHECK(out == render_chat_json(messages, tools, o));
+  CHECK_THAT(out, Catch::Contains("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>"));
+  CHECK_THAT(out, Catch::StartsWith("<|im_start|>system\n# Tools\n"));
+  // No tools: NULL and "null" are the same as none.
+  REQUIRE(gdn_chat_render_json(messages, nullptr, nullptr, nullptr, 0, &len) == GDN_STATUS_OK);
+  const std::size_t without = len;
+  REQUIRE(gdn_chat_render_json(messages, "null", nullptr, nullptr, 0, &len) == GDN_STATUS_OK);
+  CHECK(len == without);
+  CHECK(len < out.size());
+  // Refusals say why.
+  CHECK(gdn_chat_render_json(R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])", nullptr,
+                             nullptr, nullptr, 0, &len) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("is an image: this model takes text only"));
+  CHECK(gdn_chat_render_json("[{", nullptr, nullptr, nullptr, 0, &len) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Catch::Contains("messages is not valid JSON"));
+  CHECK(gdn_chat_render_json(nullptr, nullptr, nullptr, nullptr, 0, &len) == GDN_STATUS_INVALID_ARGUMENT);
+}
+
 TEST_CASE("sampler through the C ABI equals the C++ Sampler", "[capi][sampling]") {
   const SamplingParams d;
   const gdn_sampling_params dp = gdn_sampling_default_params();

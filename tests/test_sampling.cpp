@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "gdn/core/error.hpp"
@@ -113,6 +114,24 @@ TEST_CASE("repetition and presence penalties follow transformers' formulas", "[s
   want_l[5] -= 1.5f;
   want = softmax(want_l, 1.0f);
   for (std::size_t i = 0; i < l.size(); ++i) CHECK(p[i] == Approx(want[i]).epsilon(1e-5));
+  // Frequency: subtract once per occurrence, whether observed or pending.
+  SamplingParams freq;
+  freq.temperature = 1.0f;
+  freq.frequency_penalty = 0.75f;
+  Sampler fs(freq, 8);
+  fs.observe(6);
+  fs.observe(6);
+  fs.observe(5);
+  const Token fpend[] = {5, 6, 3, 3, 3};
+  fs.distribution(l, q, fpend);
+  want_l = l;
+  want_l[6] -= 3 * 0.75f;
+  want_l[5] -= 2 * 0.75f;
+  want_l[3] -= 3 * 0.75f;
+  want = softmax(want_l, 1.0f);
+  for (std::size_t i = 0; i < l.size(); ++i) CHECK(q[i] == Approx(want[i]).epsilon(1e-5));
+  freq.frequency_penalty = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_AS(Sampler(freq, 8), Error);
   // Greedy honours penalties: the argmax moves from 6 to 0.
   SamplingParams g;
   g.repetition_penalty = 3.0f;

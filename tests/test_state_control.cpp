@@ -176,6 +176,29 @@ TEST_CASE("rollback is refused when it cannot be exact", "[state][rollback]") {
   CHECK_THROWS_AS(no_log.rollback(t, 1), Error);
 }
 
+TEST_CASE("a step added with rollback = false is not logged, and computes the same", "[state][rollback]") {
+  auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));
+  Context a(model, params(1, 4)), b(model, params(1, 4));
+  const SeqId sa = a.create_sequence(), sb = b.create_sequence();
+  const auto prompt = tokens_from(3, 20), next = tokens_from(4, 3);
+  Batch ba, bb;
+  ba.add(sa, prompt);
+  bb.add(sb, prompt);
+  a.step(ba);
+  b.step(bb);
+  ba.clear();
+  bb.clear();
+  ba.add(sa, next, LogitsFor::last);
+  bb.add(sb, next, LogitsFor::last, false, /*rollback=*/false);
+  a.step(ba);
+  b.step(bb);
+  const std::vector<float> la(a.logits(0).begin(), a.logits(0).end()), lb(b.logits(0).begin(), b.logits(0).end());
+  CHECK(same(la, lb));
+  CHECK(a.rollbackable_tokens(sa) == 3);
+  CHECK(b.rollbackable_tokens(sb) == 0);
+  CHECK_THROWS_AS(b.rollback(sb, 1), Error);
+}
+
 TEST_CASE("prefix reuse: many sequences start from one system-prompt snapshot", "[state][prefix]") {
   auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));
   const auto system = tokens_from(12, 150);  // not a multiple of the 16-token page

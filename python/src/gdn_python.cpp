@@ -183,30 +183,25 @@ std::span<const float> float_span(const Floats& a) {
   return {a.data(), static_cast<std::size_t>(a.size())};
 }
 
-// [{"role": ..., "content": ..., "reasoning_content": ...}, ...], as transformers takes them.
-std::vector<gdn::ChatMessage> chat_messages(const py::iterable& messages) {
-  std::vector<gdn::ChatMessage> out;
+// [{"role": ..., "content": ..., "reasoning_content": ..., "tool_calls": [...]}, ...] and tools, as
+// transformers takes them: handed over as JSON (json.dumps keeps the keys' order, which the template writes).
+std::string render_chat(const py::iterable& messages, const py::object& tools, bool add_generation_prompt, bool enable_thinking,
+                        bool preserve_thinking) {
+  py::list list;
   for (const py::handle item : messages) {
     if (!py::isinstance<py::dict>(item))
       throw gdn::Error(gdn::Status::invalid_argument, "each message must be a dict with 'role' and 'content'");
-    const auto d = py::reinterpret_borrow<py::dict>(item);
-    if (!d.contains("role")) throw gdn::Error(gdn::Status::invalid_argument, "a message has no 'role'");
-    gdn::ChatMessage msg;
-    msg.role = py::cast<std::string>(d["role"]);
-    if (d.contains("content") && !d["content"].is_none()) msg.content = py::cast<std::string>(d["content"]);
-    if (d.contains("reasoning_content") && !d["reasoning_content"].is_none())
-      msg.reasoning_content = py::cast<std::string>(d["reasoning_content"]);
-    out.push_back(std::move(msg));
+    if (!py::reinterpret_borrow<py::dict>(item).contains("role")) throw gdn::Error(gdn::Status::invalid_argument, "a message has no 'role'");
+    list.append(item);
   }
-  return out;
-}
-
-std::string render_chat(const py::iterable& messages, bool add_generation_prompt, bool enable_thinking, bool preserve_thinking) {
+  const py::object dumps = py::module_::import("json").attr("dumps");
+  const auto messages_json = py::cast<std::string>(dumps(list, "ensure_ascii"_a = false));
+  const auto tools_json = tools.is_none() ? std::string() : py::cast<std::string>(dumps(tools, "ensure_ascii"_a = false));
   gdn::ChatOptions o;
   o.add_generation_prompt = add_generation_prompt;
   o.enable_thinking = enable_thinking;
   o.preserve_thinking = preserve_thinking;
-  return gdn::render_chat(chat_messages(messages), o);
+  return gdn::render_chat_json(messages_json, tools_json, o);
 }
 
 // The Python callable as a TextCallback: called with the GIL taken back; None or a true value
@@ -713,36 +708,41 @@ PYBIND11_MODULE(gdn, m) {
           py::kw_only(), "skip_special"_a = false)
       .def(
           "apply_chat_template",
-          [](const gdn::Tokenizer& t, const py::iterable& messages, bool add_generation_prompt, bool enable_thinking,
-             bool preserve_thinking, bool tokenize) -> py::object {
-            std::string text = render_chat(messages, add_generation_prompt, enable_thinking, preserve_thinking);
+          [](const gdn::Tokenizer& t, const py::iterable& messages, const py::object& tools, bool add_generation_prompt,
+             bool enable_thinking, bool preserve_thinking, bool tokenize) -> py::object {
+            std::string text = render_chat(messages, tools, add_generation_prompt, enable_thinking, preserve_thinking);
             if (!tokenize) return py::str(text);
             return py::cast(t.encode(text));
           },
-          "messages"_a, py::kw_only(), "add_generation_prompt"_a = false, "enable_thinking"_a = true,
+          "messages"_a, py::kw_only(), "tools"_a = py::none(), "add_generation_prompt"_a = false, "enable_thinking"_a = true,
           "preserve_thinking"_a = false, "tokenize"_a = false,
           "The Qwen3.5 / Qwen3.6 chat template (what transformers' apply_chat_template returns) for "
-          "[{'role', 'content', 'reasoning_content'}] messages; the ids instead with tokenize=True.");
+          "[{'role', 'content', 'reasoning_content', 'tool_calls'}] messages and optional tools; the ids instead with "
+          "tokenize=True.");
 
-  m.def("render_chat", &render_chat, "messages"_a, py::kw_only(), "add_generation_prompt"_a = false,
+  m.def("render_chat", &render_chat, "messages"_a, py::kw_only(), "tools"_a = py::none(), "add_generation_prompt"_a = false,
         "enable_thinking"_a = true, "preserve_thinking"_a = false,
-        "The Qwen3.5 / Qwen3.6 chat template rendered for [{'role', 'content', 'reasoning_content'}] messages.");
+        "The Qwen3.5 / Qwen3.6 chat template rendered for [{'role', 'content', 'reasoning_content', 'tool_calls'}] "
+        "messages and optional tools ([{'type': 'function', 'function': {...}}]), as transformers renders them; "
+        "image and video parts raise (the model reads text only).");
 
   // --- sampling -------------------------------------------------------------------------------
   const gdn::SamplingParams sd;
   py::class_<gdn::SamplingParams>(m, "SamplingParams", "Per-sequence sampling settings; temperature 0 is greedy.")
       .def(py::init([](float temperature, int top_k, float top_p, float min_p, float repetition_penalty, float presence_penalty,
-                       std::uint64_t seed) {
-             return gdn::SamplingParams{temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, seed};
+                       std::uint64_t seed, float frequency_penalty) {
+             return gdn::SamplingParams{temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, seed, frequency_penalty};
            }),
            py::kw_only(), "temperature"_a = sd.temperature, "top_k"_a = sd.top_k, "top_p"_a = sd.top_p, "min_p"_a = sd.min_p,
-           "repetition_penalty"_a = sd.repetition_penalty, "presence_penalty"_a = sd.presence_penalty, "seed"_a = sd.seed)
+           "repetition_penalty"_a = sd.repetition_penalty, "presence_penalty"_a = sd.presence_penalty, "seed"_a = sd.seed,
+           "frequency_penalty"_a = sd.frequency_penalty)
       .def_readwrite("temperature", &gdn::SamplingParams::temperature)
       .def_readwrite("top_k", &gdn::SamplingParams::top_k)
       .def_readwrite("top_p", &gdn::SamplingParams::top_p)
       .def_readwrite("min_p", &gdn::SamplingParams::min_p)
       .def_readwrite("repetition_penalty", &gdn::SamplingParams::repetition_penalty)
       .def_readwrite("presence_penalty", &gdn::SamplingParams::presence_penalty)
+      .def_readwrite("frequency_penalty", &gdn::SamplingParams::frequency_penalty)
       .def_readwrite("seed", &gdn::SamplingParams::seed)
       .def("__repr__", [](const gdn::SamplingParams& p) {
         return "<gdn.SamplingParams temperature=" + std::to_string(p.temperature) + " top_k=" + std::to_string(p.top_k) +

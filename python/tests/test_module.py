@@ -346,7 +346,20 @@ def test_chat_template_equals_transformers(qwen_tokenizer):
         assert gdn.render_chat(case["messages"], **case["kwargs"]) == case["text"], case["name"]
         assert qwen_tokenizer.apply_chat_template(case["messages"], tokenize=True, **case["kwargs"]) == case["ids"]
         checked += 1
-    assert checked >= 35
+    assert checked >= 60
+
+
+def test_chat_template_tool_calls_and_refusals():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    as_string = {**call, "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    text = gdn.render_chat(msgs, tools=tools)
+    assert "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>" in text
+    assert text.startswith("<|im_start|>system\n# Tools\n")
+    assert gdn.render_chat([msgs[0], {**msgs[1], "tool_calls": [as_string]}], tools=tools) == text
+    with pytest.raises(gdn.InvalidArgumentError, match="is an image: this model takes text only"):
+        gdn.render_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
 
 
 def test_sampler_is_seeded_and_greedy_is_argmax():

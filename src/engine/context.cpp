@@ -222,7 +222,7 @@ void Context::Impl::run_passes(const Batch& batch, bool mtp, const float* hidden
       const int s = handle_index(en.seq);
       const Slot& sl = slots[static_cast<std::size_t>(s)];
       // A sequence whose step fits the rollback log is never split across passes, so it is logged.
-      const bool record = log && i == 0 && en.token_count <= p.max_rollback_tokens;
+      const bool record = log && i == 0 && en.rollback && en.token_count <= p.max_rollback_tokens;
       if (record && rows > 0 && en.token_count > U - rows) break;
       const std::int64_t m = std::min(en.token_count - i, U - rows);
       segs.push_back(PassSegment{s, rows, m, (mtp ? sl.mtp_length : sl.length) + i, record});
@@ -261,7 +261,7 @@ void Context::Impl::step(const Batch& batch) {
   run_passes(batch, false, nullptr);
   for (const auto& en : batch.entries()) {
     Slot& sl = slots[static_cast<std::size_t>(handle_index(en.seq))];
-    const bool logged = p.max_rollback_tokens > 0 && en.token_count <= p.max_rollback_tokens;
+    const bool logged = p.max_rollback_tokens > 0 && en.rollback && en.token_count <= p.max_rollback_tokens;
     sl.log_start = sl.length;
     sl.log_tokens = logged ? en.token_count : 0;
     sl.length += en.token_count;

@@ -21,6 +21,7 @@ inline Backend parse_backend(std::string_view v) {
 int generate(int argc, char** argv);   // gdn generate MODEL_DIR --prompt TEXT [...]
 int speculate(int argc, char** argv);  // gdn speculate MODEL_DIR [...]: MTP acceptance and speedup
 int doctor(int argc, char** argv);     // gdn doctor MODEL_DIR [--json] [--quick]: self-check, exit 1 on FAIL
+int serve(int argc, char** argv);      // gdn serve MODEL_DIR [...]: the OpenAI-compatible server (serve.cpp)
 int bench_cuda(int argc, char** argv); // gdn bench --backend cuda [...]: the GPU against the HBM roofline
 int bench(int argc, char** argv);      // gdn bench [...]: speed vs the memory-bandwidth roofline and llama.cpp
                                        // (in the gdn-bench program, bench_main.cpp, which `gdn bench` runs)

@@ -5,6 +5,7 @@
 //   gdn generate MODEL_DIR --prompt TEXT [...]           streamed text (see generate.cpp)
 //   gdn speculate MODEL_DIR [...]                        MTP speculative decoding figures (speculate.cpp)
 //   gdn doctor MODEL_DIR [--json] [--quick]              self-check; exit status 1 on any FAIL (see doctor.cpp)
+//   gdn serve MODEL_DIR [--port N] [...]                 OpenAI-compatible HTTP server (see serve.cpp)
 //   gdn bench [...]                                      CPU benchmark vs roofline and llama.cpp (bench.cpp;
 //                                                        runs the gdn-bench program installed next to gdn)
 //
@@ -42,6 +43,8 @@ int usage() {
       "                        [--backend cpu|cuda]\n"
       "  gdn speculate MODEL_DIR [--prompts FILE] [--k K]...   MTP acceptance and speedup vs plain decoding\n"
       "  gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--backend cpu|cuda]\n"
+      "  gdn serve MODEL_DIR [--host H] [--port N] [--api-key K] [--max-sequences N] [--cache-bytes B] [--mtp K]\n"
+      "                    [--backend cpu|cuda]\n"
       "  gdn bench [--shape 0.8b|2b|27b | --model DIR] [--backend cpu|cuda] [--quick] [--json FILE] (see bench.cpp)\n",
       stderr);
   return 2;
@@ -165,6 +168,7 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return gdn::cli::generate(argc - 2, argv + 2);
     if (cmd == "speculate") return gdn::cli::speculate(argc - 2, argv + 2);
     if (cmd == "doctor") return gdn::cli::doctor(argc - 2, argv + 2);
+    if (cmd == "serve") return gdn::cli::serve(argc - 2, argv + 2);
     if (cmd == "bench") return exec_bench(argv);
     return usage();
   } catch (const gdn::Error& e) {

@@ -27,6 +27,7 @@ class Batch {
     std::int64_t output_begin;  // first output row of this entry in the step's results
     LogitsFor logits;
     bool hidden_all;            // an output row (final hidden state) for every token
+    bool rollback;              // the step may be undone with Context::rollback (see add())
   };
 
   void clear() noexcept {
@@ -42,9 +43,13 @@ class Batch {
   // Appends `tokens` for `seq`; `logits` chooses which positions get logits. With hidden_all,
   // every position gets an output row carrying its final hidden state (what the MTP head reads),
   // while logits are still computed only where `logits` asks. Each sequence may appear once.
-  std::size_t add(SeqId seq, std::span<const Token> tokens, LogitsFor logits = LogitsFor::last, bool hidden_all = false) {
+  // rollback = false promises that this step of the sequence will not be rolled back: a context with
+  // max_rollback_tokens > 0 then skips logging it (the log copies the sequence's whole GDN state, which
+  // a plain decode step in a speculative server does not need).
+  std::size_t add(SeqId seq, std::span<const Token> tokens, LogitsFor logits = LogitsFor::last, bool hidden_all = false,
+                  bool rollback = true) {
     const auto n = static_cast<std::int64_t>(tokens.size());
-    Entry e{seq, static_cast<std::int64_t>(tokens_.size()), n, output_rows_, logits, hidden_all};
+    Entry e{seq, static_cast<std::int64_t>(tokens_.size()), n, output_rows_, logits, hidden_all, rollback};
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
     output_rows_ += hidden_all || logits == LogitsFor::all ? n : (logits == LogitsFor::last && n > 0 ? 1 : 0);
     entries_.push_back(e);

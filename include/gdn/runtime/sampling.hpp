@@ -25,6 +25,7 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // > 1 discourages seen tokens (logit > 0: / penalty, else · penalty)
   float presence_penalty = 0.0f;    // subtracted once from the logit of every seen token
   std::uint64_t seed = 0;
+  float frequency_penalty = 0.0f;   // subtracted from a seen token's logit once per time it was seen (OpenAI's)
 };
 
 class Sampler {
