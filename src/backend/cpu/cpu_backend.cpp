@@ -65,7 +65,8 @@ CpuState::CpuState(const ModelConfig& config, const PreparedWeights& weights, co
   threads.resize(static_cast<std::size_t>(pool.size()));
   for (auto& t : threads) {
     t.delta.reserve(c.linear_key_head_dim, c.linear_value_head_dim);
-    t.state.assign(static_cast<std::size_t>(c.linear_key_head_dim * c.linear_value_head_dim), 0.0f);
+    t.state.assign(static_cast<std::size_t>(c.linear_key_head_dim) * static_cast<std::size_t>(c.linear_value_head_dim), 0.0f);
+    t.attention.assign(static_cast<std::size_t>(2 * attention_row_block * (c.num_attention_heads / c.num_key_value_heads)), 0.0f);
   }
   // Packed activations for the widest projection input (the MTP fc reads 2H), so no step allocates.
   threads[0].linear.reserve(std::max<std::int64_t>(U, p.max_output_rows), std::max({2 * H, I, Vd, qd, C}), p.matmul_input);
