@@ -306,7 +306,7 @@ void check_tokenizer(DoctorSubject& s, CheckRecorder& rec) {
 void check_tensors(DoctorSubject& s, CheckRecorder& rec, const io::Checkpoint* ck) {
   rec.run("config.weights", [&](DoctorCheck& c) {
     try {
-      s.model = Model::load(s.dir);
+      s.model = Model::load(s.dir, s.options.load);
     } catch (const Error& e) {
       s.not_loaded = e.what();
       c.verdict = Verdict::fail;
