@@ -45,10 +45,12 @@
 #include <nlohmann/json.hpp>
 
 #include "alloc_count.hpp"
+#include "checkpoint_writer.hpp"
 #include "commands.hpp"
 #include "backend/cpu/linear.hpp"
 #include "gdn/core/anonymous_memory.hpp"
 #include "gdn/gdn.hpp"
+#include "gdn/model/packed_image.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -87,167 +89,6 @@ long peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss * 1024L;
-}
-
-// ------------------------------------------------------------------------------------------------
-// Random-weight checkpoint with the shapes of a real model.
-
-struct Shape {
-  std::string name;
-  int layers, hidden, q_heads, kv_heads, head_dim, ffn, lin_k_heads, lin_v_heads, lin_dim, vocab;
-  bool tied;
-};
-
-Shape shape_for(std::string_view name) {
-  // Qwen3.5-0.8B and -2B (shared/spec/qwen3_5-detailed.md §1.2): every 4th layer full attention.
-  if (name == "0.8b") return {"qwen3.5-0.8b", 24, 1024, 8, 2, 256, 3584, 16, 16, 128, 248320, true};
-  if (name == "2b") return {"qwen3.5-2b", 24, 2048, 8, 2, 256, 6144, 16, 16, 128, 248320, true};
-  // A tiny shape for smoke tests of the tool itself.
-  if (name == "tiny") return {"tiny", 4, 128, 2, 1, 64, 256, 2, 2, 32, 512, true};
-  throw Error(Status::invalid_argument, fmt::format("--shape: '{}' is not 0.8b, 2b or tiny", name));
-}
-
-class SafetensorsWriter {
- public:
-  struct Entry {
-    std::string name;
-    std::vector<std::int64_t> shape;
-    int kind;  // 0 matrix (normal), 1 zero-centred norm (zeros), 2 ones, 3 A_log, 4 conv, 5 dt_bias
-    double std;
-  };
-  void add(std::string name, std::vector<std::int64_t> shape, int kind, double std = 0.0) {
-    entries_.push_back({std::move(name), std::move(shape), kind, std});
-  }
-  void write(const std::filesystem::path& file, std::uint64_t seed) const {
-    json header = json::object();
-    header["__metadata__"] = {{"format", "pt"}};
-    std::uint64_t off = 0;
-    for (const auto& e : entries_) {
-      const std::uint64_t n = numel(e) * 2;
-      header[e.name] = {{"dtype", "BF16"}, {"shape", e.shape}, {"data_offsets", {off, off + n}}};
-      off += n;
-    }
-    std::string h = header.dump();
-    while ((h.size() + 8) % 8) h.push_back(' ');
-    std::FILE* f = std::fopen(file.c_str(), "wb");
-    if (!f) throw Error(Status::io_error, fmt::format("cannot write {}", file.string()));
-    const std::uint64_t hn = h.size();
-    std::fwrite(&hn, 8, 1, f);
-    std::fwrite(h.data(), 1, h.size(), f);
-    std::vector<std::uint16_t> buf(1 << 20);
-    std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-    auto next = [&state] {  // xorshift64*
-      state ^= state >> 12;
-      state ^= state << 25;
-      state ^= state >> 27;
-      return state * 0x2545F4914F6CDD1Dull;
-    };
-    auto uniform = [&] { return static_cast<float>((next() >> 40) * (1.0 / 16777216.0)); };  // [0, 1)
-    for (const auto& e : entries_) {
-      std::uint64_t left = numel(e);
-      while (left > 0) {
-        const std::size_t m = static_cast<std::size_t>(std::min<std::uint64_t>(left, buf.size()));
-        for (std::size_t i = 0; i < m; ++i) {
-          float v = 0.0f;
-          switch (e.kind) {
-            case 0: v = static_cast<float>((2.0 * uniform() - 1.0) * e.std * std::sqrt(3.0)); break;  // uniform, same std
-            case 1: v = 0.0f; break;
-            case 2: v = 1.0f; break;
-            case 3: v = std::log(1.0f + 15.0f * uniform()); break;  // HF init: A ~ U(1, 16)... log
-            case 4: v = static_cast<float>((2.0 * uniform() - 1.0) * 0.5); break;
-            case 5: v = 1.0f; break;
-          }
-          buf[i] = to_bf16(v).bits;
-        }
-        std::fwrite(buf.data(), 2, m, f);
-        left -= m;
-      }
-    }
-    if (std::fclose(f) != 0) throw Error(Status::io_error, fmt::format("cannot write {}", file.string()));
-  }
-
- private:
-  static std::uint64_t numel(const Entry& e) {
-    std::uint64_t n = 1;
-    for (auto d : e.shape) n *= static_cast<std::uint64_t>(d);
-    return n;
-  }
-  std::vector<Entry> entries_;
-};
-
-void make_checkpoint(const Shape& s, const std::filesystem::path& dir) {
-  std::filesystem::create_directories(dir);
-  json layer_types = json::array();
-  for (int l = 0; l < s.layers; ++l) layer_types.push_back((l + 1) % 4 == 0 ? "full_attention" : "linear_attention");
-  const json config = {
-      {"architectures", {"Qwen3_5ForCausalLM"}},
-      {"model_type", "qwen3_5_text"},
-      {"attention_bias", false},
-      {"dtype", "bfloat16"},
-      {"eos_token_id", std::min(248044, s.vocab - 1)},
-      {"head_dim", s.head_dim},
-      {"hidden_act", "silu"},
-      {"hidden_size", s.hidden},
-      {"initializer_range", 0.02},
-      {"intermediate_size", s.ffn},
-      {"layer_types", layer_types},
-      {"full_attention_interval", 4},
-      {"linear_conv_kernel_dim", 4},
-      {"linear_key_head_dim", s.lin_dim},
-      {"linear_num_key_heads", s.lin_k_heads},
-      {"linear_num_value_heads", s.lin_v_heads},
-      {"linear_value_head_dim", s.lin_dim},
-      {"max_position_embeddings", 262144},
-      {"num_attention_heads", s.q_heads},
-      {"num_hidden_layers", s.layers},
-      {"num_key_value_heads", s.kv_heads},
-      {"rms_norm_eps", 1e-6},
-      {"rope_parameters",
-       {{"mrope_interleaved", true}, {"mrope_section", {11, 11, 10}}, {"partial_rotary_factor", 0.25},
-        {"rope_theta", 10000000.0}, {"rope_type", "default"}}},
-      {"tie_word_embeddings", s.tied},
-      {"vocab_size", s.vocab},
-      {"mamba_ssm_dtype", "float32"},
-  };
-  SafetensorsWriter w;
-  const std::int64_t H = s.hidden;
-  const double std_w = 0.02;
-  w.add("model.embed_tokens.weight", {s.vocab, H}, 0, std_w);
-  const std::int64_t key_dim = std::int64_t{s.lin_k_heads} * s.lin_dim, val_dim = std::int64_t{s.lin_v_heads} * s.lin_dim;
-  const std::int64_t conv_dim = 2 * key_dim + val_dim;
-  for (int l = 0; l < s.layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
-    w.add(p + "input_layernorm.weight", {H}, 1);
-    w.add(p + "post_attention_layernorm.weight", {H}, 1);
-    if ((l + 1) % 4 == 0) {
-      const std::int64_t qd = std::int64_t{s.q_heads} * s.head_dim, kvd = std::int64_t{s.kv_heads} * s.head_dim;
-      w.add(p + "self_attn.q_proj.weight", {2 * qd, H}, 0, std_w);
-      w.add(p + "self_attn.k_proj.weight", {kvd, H}, 0, std_w);
-      w.add(p + "self_attn.v_proj.weight", {kvd, H}, 0, std_w);
-      w.add(p + "self_attn.o_proj.weight", {H, qd}, 0, std_w);
-      w.add(p + "self_attn.q_norm.weight", {s.head_dim}, 1);
-      w.add(p + "self_attn.k_norm.weight", {s.head_dim}, 1);
-    } else {
-      w.add(p + "linear_attn.in_proj_qkv.weight", {conv_dim, H}, 0, std_w);
-      w.add(p + "linear_attn.in_proj_z.weight", {val_dim, H}, 0, std_w);
-      w.add(p + "linear_attn.in_proj_b.weight", {s.lin_v_heads, H}, 0, std_w);
-      w.add(p + "linear_attn.in_proj_a.weight", {s.lin_v_heads, H}, 0, std_w);
-      w.add(p + "linear_attn.conv1d.weight", {conv_dim, 1, 4}, 4);
-      w.add(p + "linear_attn.dt_bias", {s.lin_v_heads}, 5);
-      w.add(p + "linear_attn.A_log", {s.lin_v_heads}, 3);
-      w.add(p + "linear_attn.norm.weight", {s.lin_dim}, 2);
-      w.add(p + "linear_attn.out_proj.weight", {H, val_dim}, 0, std_w);
-    }
-    w.add(p + "mlp.gate_proj.weight", {s.ffn, H}, 0, std_w);
-    w.add(p + "mlp.up_proj.weight", {s.ffn, H}, 0, std_w);
-    w.add(p + "mlp.down_proj.weight", {H, s.ffn}, 0, std_w);
-  }
-  w.add("model.norm.weight", {H}, 1);
-  if (!s.tied) w.add("lm_head.weight", {s.vocab, H}, 0, std_w);
-  const auto tmp = dir / "model.safetensors.tmp";
-  w.write(tmp, 1234);
-  std::filesystem::rename(tmp, dir / "model.safetensors");
-  std::ofstream(dir / "config.json") << config.dump(2) << "\n";
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -398,7 +239,11 @@ struct Options {
   std::string peer_script = "bench/peer.py";
   std::string peer_args;
   int rounds = 3;
-  bool in_place = false;
+  WeightPlacement weights = WeightPlacement::automatic;  // --weights / --in-place
+  std::string image_path;                  // --image-path: where the packed image is (written when missing)
+  std::vector<std::string> load_modes = {"in-place", "pack", "image"};  // the load-time section
+  bool sparse = false;                     // --sparse: an all-zero generated checkpoint (holes on disk)
+  int shards = 1;
   bool quick = false;
   bool bf16_inputs = true;  // also measure MatmulInput::bf16 (batch 1, batch scaling, the rounds)
 };
@@ -508,15 +353,98 @@ json run_peer(const std::string& cmd) {
   return {{"error", text}};
 }
 
+// Read from /proc/self/status (kB): RssAnon, RssFile.
+long status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string k;
+  long v = 0;
+  while (f >> k) {
+    if (k == key) {
+      f >> v;
+      return v * 1024L;
+    }
+    std::getline(f, k);
+  }
+  return -1;
+}
+
+WeightPlacement placement_named(std::string_view v) {
+  if (v == "in-place") return WeightPlacement::in_place;
+  if (v == "pack") return WeightPlacement::packed;
+  if (v == "image") return WeightPlacement::image;
+  if (v == "auto") return WeightPlacement::automatic;
+  throw Error(Status::invalid_argument, fmt::format("--weights / --load-modes: '{}' is not in-place, pack, image or auto", v));
+}
+
+// Makes sure a valid packed image of `dir` is at `path` (writing it when missing or refused);
+// returns the seconds `gdn pack` took (0 when the image was there).
+double ensure_image(const std::string& dir, const std::string& path) {
+  try {
+    ModelParams mp;
+    mp.weights = WeightPlacement::image;
+    mp.packed_image = path;
+    Model::load(dir, mp);
+    return 0.0;
+  } catch (const Error& e) {
+    fmt::print(stderr, "writing the packed image {} ({})...\n", path, e.what());
+  }
+  PackImageOptions po;
+  po.out = path;
+  const PackImageResult r = write_packed_image(dir, po);
+  fmt::print(stderr, "  {} MB in {:.1f} s ({} MB of non-zero blocks)\n", r.file_bytes / 1000000, r.seconds, r.written_bytes / 1000000);
+  return r.seconds;
+}
+
+// Load time and first-token latency of one way of reading the weights: Model::load, a context, the
+// first one-token step (which faults in whatever the load did not read) and a second one.
+json measure_load(const std::string& dir, WeightPlacement w, const std::string& image, int threads) {
+  ModelParams mp;
+  mp.weights = w;
+  mp.packed_image = image;
+  const auto t0 = Clock::now();
+  auto model = Model::load(dir, mp);
+  const double load_s = seconds_since(t0);
+  const long anon = status_bytes("RssAnon:");
+  ContextParams p;
+  p.max_sequences = 1;
+  p.max_context = 8;
+  p.max_batch_tokens = 8;
+  p.threads = threads;
+  const auto t1 = Clock::now();
+  Context ctx(model, p);
+  const double context_s = seconds_since(t1);
+  const SeqId s = ctx.create_sequence();
+  Batch b;
+  double token_s[2] = {0, 0};
+  for (double& t : token_s) {
+    b.clear();
+    b.add(s, Token{1}, LogitsFor::last);
+    const auto t2 = Clock::now();
+    ctx.step(b);
+    t = seconds_since(t2);
+  }
+  const long file = status_bytes("RssFile:");
+  return {{"weights", weight_placement_name(model->weight_placement())}, {"load_s", load_s}, {"context_s", context_s},
+          {"first_token_s", token_s[0]}, {"second_token_s", token_s[1]}, {"rss_anon_after_load_bytes", anon},
+          {"rss_file_after_two_tokens_bytes", file}};
+}
+
 int usage() {
   std::fputs(
-      "usage: gdn bench [--model DIR | --shape 0.8b|2b] [--cache DIR] [--threads N] [--runs N]\n"
+      "usage: gdn bench [--model DIR | --shape 0.8b|2b|27b] [--cache DIR] [--threads N] [--runs N]\n"
       "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
-      "                 [--peer-args 'ARGS'] [--rounds N] [--in-place] [--float32-only]\n"
-      "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512\n"
+      "                 [--peer-args 'ARGS'] [--rounds N] [--weights auto|pack|image|in-place] [--in-place]\n"
+      "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N]\n"
+      "                 [--float32-only]\n"
+      "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512, no load section\n"
       "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
-      "  --in-place     read the weights from the mapped checkpoint (no packing into the kernel's order)\n"
+      "  --weights      where the measured model reads its projections (default auto; see WeightPlacement)\n"
+      "  --in-place     the same as --weights in-place: the mapped checkpoint, no packing\n"
+      "  --image-path   the packed image for --weights image and the load section (default: in the\n"
+      "                 checkpoint's directory, or the cache for a generated one; written when missing)\n"
+      "  --load-modes   load time and first-token latency of each ('' for none)\n"
+      "  --sparse       with --shape: generate an all-zero checkpoint, holes on disk (sizes, not numerics)\n"
       "  --rounds N     with a peer: N head-to-head rounds of batch-1 prefill + decode, ours and the peer\n"
       "                 alternating, each bracketed by a bandwidth measurement (default 3)\n"
       "  --float32-only measure only the default float32 matmul inputs (not also bf16 inputs)\n",
@@ -548,12 +476,27 @@ int bench(int argc, char** argv) {
     else if (a == "--peer-script" && v) o.peer_script = argv[++i];
     else if (a == "--peer-args" && v) o.peer_args = argv[++i];
     else if (a == "--rounds" && v) o.rounds = std::max(0, std::atoi(argv[++i]));
-    else if (a == "--in-place") o.in_place = true;
+    else if (a == "--in-place") o.weights = WeightPlacement::in_place;
+    else if (a == "--weights" && v) o.weights = placement_named(argv[++i]);
+    else if (a == "--image-path" && v) o.image_path = argv[++i];
+    else if (a == "--load-modes" && v) {
+      o.load_modes.clear();
+      for (std::string_view m = argv[++i]; !m.empty();) {
+        const auto comma = m.find(',');
+        o.load_modes.emplace_back(m.substr(0, comma));
+        placement_named(o.load_modes.back());
+        m = comma == std::string_view::npos ? std::string_view() : m.substr(comma + 1);
+      }
+    } else if (a == "--sparse") o.sparse = true;
+    else if (a == "--shards" && v) o.shards = std::max(1, std::atoi(argv[++i]));
     else if (a == "--float32-only") o.bf16_inputs = false;
     else if (a == "--quick") o.quick = true;
     else return usage();
   }
+  bool load_modes_set = false;
+  for (int i = 0; i < argc; ++i) load_modes_set |= std::string_view(argv[i]) == "--load-modes";
   if (o.quick) {
+    if (!load_modes_set) o.load_modes.clear();
     o.runs = 1;
     o.decode_tokens = 4;
     o.prompt_tokens = std::min(o.prompt_tokens, 64);
@@ -574,20 +517,56 @@ int bench(int argc, char** argv) {
   // Forked now, while this process is small and single-threaded (see BandwidthMeter).
   BandwidthMeter meter(o.threads, o.stream_bytes);
   std::string dir = o.model;
+  std::string default_image;
   if (dir.empty()) {
     const Shape s = shape_for(o.shape);
-    dir = (std::filesystem::path(o.cache) / s.name).string();
-    if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
-      fmt::print(stderr, "writing a random-weight {} checkpoint to {} ...\n", s.name, dir);
+    dir = (std::filesystem::path(o.cache) / (s.name + (o.sparse ? "-sparse" : ""))).string();
+    const std::filesystem::path d(dir);
+    if (!std::filesystem::exists(d / "model.safetensors") && !std::filesystem::exists(d / "model.safetensors.index.json")) {
+      fmt::print(stderr, "writing a {} {} checkpoint to {} ...\n", o.sparse ? "sparse all-zero" : "random-weight", s.name, dir);
       const auto t0 = Clock::now();
-      make_checkpoint(s, dir);
+      CheckpointOptions co;
+      co.sparse = o.sparse;
+      co.shards = o.shards;
+      make_checkpoint(s, dir, co);
       fmt::print(stderr, "  done in {:.1f} s\n", seconds_since(t0));
     }
+  } else if (!default_packed_image_path(dir).empty() && ::access(dir.c_str(), W_OK) != 0) {
+    // A read-only checkpoint directory: the image goes to the cache.
+    default_image = (std::filesystem::path(o.cache) / std::filesystem::path(default_packed_image_path(dir)).filename()).string();
   }
+  const std::string image = !o.image_path.empty() ? o.image_path : default_image.empty() ? default_packed_image_path(dir) : default_image;
   out["model_dir"] = dir;
+  const bool wants_image = o.weights == WeightPlacement::image ||
+                           std::find(o.load_modes.begin(), o.load_modes.end(), "image") != o.load_modes.end();
+  if (wants_image && !image.empty()) {
+    std::filesystem::create_directories(std::filesystem::path(image).parent_path());
+    out["pack_seconds"] = ensure_image(dir, image);
+  }
+
+  // 0. Load time and first-token latency per way of reading the weights (the page cache is warm
+  // for all but the first: this VM's disk is not what is measured).
+  if (!o.load_modes.empty()) {
+    json rows = json::array();
+    for (const auto& m : o.load_modes) {
+      const WeightPlacement w = placement_named(m);
+      if (w == WeightPlacement::image && image.empty()) continue;
+      json r = measure_load(dir, w, image, o.threads);
+      r["mode"] = m;
+      fmt::print("load {:<9} {:7.3f} s load + {:6.3f} s context, first token {:7.3f} s, second {:7.3f} s; RSS after load: "
+                 "{:.0f} MiB anonymous\n",
+                 m, r["load_s"].get<double>(), r["context_s"].get<double>(), r["first_token_s"].get<double>(),
+                 r["second_token_s"].get<double>(), r["rss_anon_after_load_bytes"].get<double>() / 1048576.0);
+      rows.push_back(r);
+    }
+    out["load"] = rows;
+  }
+
   ModelParams mparams;
-  mparams.pack_weights = !o.in_place;
+  mparams.weights = o.weights;
+  mparams.packed_image = image;
   auto model = Model::load(dir, mparams);
+  out["weights"] = weight_placement_name(model->weight_placement());
   const auto& cfg = model->config();
   out["weights_packed_bytes"] = model->packed_bytes();
 
@@ -597,8 +576,11 @@ int bench(int argc, char** argv) {
   out["kernel"] = cpu::linear_kernel_name();
   fmt::print("gdn bench: {} ({} layers, hidden {}, vocab {}), {} threads, kernel {}, weights {}\n", dir, cfg.num_layers,
              cfg.hidden_size, cfg.vocab_size, threads, cpu::linear_kernel_name(),
-             model->packed_bytes() > 0 ? fmt::format("packed in the kernel's order ({:.0f} MB)", model->packed_bytes() / 1e6)
-                                       : std::string("read in place"));
+             model->weight_placement() == WeightPlacement::packed
+                 ? fmt::format("packed in the kernel's order at load ({:.0f} MB)", model->packed_bytes() / 1e6)
+             : model->weight_placement() == WeightPlacement::image
+                 ? fmt::format("mapped from the packed image {} ({:.0f} MB)", model->packed_image_path(), model->packed_bytes() / 1e6)
+                 : std::string("read in place"));
 
   // 1. Bandwidth and roofline.
   const Bandwidth bw = meter.measure(o.stream_bytes, std::max(o.runs, 3));
