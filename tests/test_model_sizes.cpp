@@ -136,7 +136,7 @@ TEST_CASE("every accepted size runs: prefill == decode, chunked == recurrent, ba
       test::TempDir dir("sizes");
       test::write_random_checkpoint(variant.spec, dir.str());
       ModelParams in_place;
-      in_place.pack_weights = false;
+      in_place.weights = WeightPlacement::in_place;
       const auto packed = Model::load(dir.str());
       const auto mapped = Model::load(dir.str(), in_place);
       const int V = packed->config().vocab_size;
