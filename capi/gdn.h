@@ -187,7 +187,7 @@ GDN_API const char *gdn_last_error(void);
  * gdn/model/model.hpp). AUTOMATIC (default): a valid packed image file (gdn_packed_image_write, `gdn pack`)
  * when there is one, else packed into anonymous memory at load when that fits the memory this process can
  * get, else read in place from the mapped checkpoint; a slower choice, or a refused image, is explained in
- * one line on stderr. PACKED: the image, else packed at load; OUT_OF_CAPACITY when the copy does not fit.
+ * one line on stderr. PACKED: packed at load (no image looked for); OUT_OF_CAPACITY when the copy does not fit.
  * IN_PLACE: never packed nor mapped from an image. IMAGE: the image is required (IO_ERROR / INVALID_FILE). */
 typedef enum gdn_weight_placement {
     GDN_WEIGHTS_AUTOMATIC = 0,
@@ -204,7 +204,7 @@ typedef struct gdn_model_params {
     uint32_t weights_in_place;
     /* Added after 0.1.0. */
     gdn_weight_placement weights;  /* GDN_WEIGHTS_AUTOMATIC (default) */
-    const char *packed_image;      /* the packed image to look for; NULL: MODEL_DIR/gdn-packed.<layout>.gdnimg */
+    const char *packed_image;      /* the image AUTOMATIC / IMAGE look for; NULL: MODEL_DIR/gdn-packed.<layout>.gdnimg */
 } gdn_model_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */

@@ -152,7 +152,9 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
 
   const std::string path = mp.packed_image.empty() ? default_packed_image_path(dir) : mp.packed_image;
   std::string refused;
-  if (std::filesystem::exists(path)) {
+  if (mp.weights == WeightPlacement::packed) {
+    // Packing asked for: no image is looked for.
+  } else if (std::filesystem::exists(path)) {
     try {
       const PackedImageHeader h = read_packed_image_header(path);
       if (h.layout != cpu::weight_image_name(layout))

@@ -103,8 +103,22 @@ TEST_CASE("logits from a mapped image equal packing at load and reading in place
     const auto m_packed = Model::load(copy.string(), packed);
     CHECK(m_packed->weight_placement() == WeightPlacement::packed);
     CHECK(m_packed->packed_bytes() == mapped->packed_bytes());
+    // Packing asked for packs although a valid image is there (no image looked for, no notice),
+    // and the plan says the same.
+    ModelParams pack_asked;
+    pack_asked.weights = WeightPlacement::packed;
+    pack_asked.notice = [&](const std::string& line) { notices.push_back(line); };
+    const auto m_pack_asked = Model::load(copy.string(), pack_asked);
+    CHECK(m_pack_asked->weight_placement() == WeightPlacement::packed);
+    CHECK(m_pack_asked->packed_image_path().empty());
+    CHECK(notices.empty());
+    const MemoryPlan pack_plan = plan_memory(copy.string(), ContextParams{}, pack_asked);
+    CHECK(pack_plan.weights == WeightPlacement::packed);
+    CHECK(pack_plan.packed_image.empty());
+    CHECK(plan_memory(copy.string()).weights == WeightPlacement::image);
     const auto l = logits_of(mapped);
     CHECK(same_bits(l, logits_of(m_packed)));
+    CHECK(same_bits(l, logits_of(m_pack_asked)));
     CHECK(same_bits(l, logits_of(Model::load(copy.string(), in_place))));
     // The fingerprint read from the files equals the one from the mapping.
     const PackedImageHeader h = read_packed_image_header(r.path);

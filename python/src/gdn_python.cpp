@@ -357,7 +357,8 @@ PYBIND11_MODULE(gdn, m) {
           "packed_image"_a = py::none(),
           "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped. "
           "weights: 'auto' (a valid packed image when there is one, else packed at load when that fits the memory "
-          "available, else in place), 'pack', 'in_place' or 'image' (see gdn/model/model.hpp, WeightPlacement); "
+          "available, else in place), 'pack' (packed at load, no image looked for), 'in_place' or 'image' (see "
+          "gdn/model/model.hpp, WeightPlacement); "
           "pack_weights=False is weights='in_place'. packed_image: the image file to look for (default "
           "MODEL_DIR/gdn-packed.<layout>.gdnimg, what gdn.pack writes).")
       .def_property_readonly("weights",

@@ -1,9 +1,11 @@
 #pragma once
 // --pack / --in-place / --image FILE: where the CPU backend reads the weights from, on every command
-// that loads a model (gdn/model/model.hpp, WeightPlacement). Without one, loading decides: a packed
-// image when there is a valid one (MODEL_DIR/gdn-packed.<layout>.gdnimg, or the --image FILE), else
-// packing when it fits the memory available, else in place; an image that is refused (stale,
-// foreign, truncated, corrupt) is named in one line on stderr and the checkpoint is used instead.
+// that loads a model (gdn/model/model.hpp, WeightPlacement): --pack packs them at load (no image is
+// looked for), --in-place reads the mapped checkpoint, --image FILE names the packed image to map.
+// Without one, loading decides: a packed image when there is a valid one (MODEL_DIR/
+// gdn-packed.<layout>.gdnimg, or the --image FILE), else packing when it fits the memory available,
+// else in place; an image that is refused (stale, foreign, truncated, corrupt) is named in one line
+// on stderr and the checkpoint is used instead.
 
 #include <string_view>
 

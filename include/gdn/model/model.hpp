@@ -36,8 +36,9 @@ enum class Backend : int { cpu = 0, cuda = 1 };
 // packed copy fits the memory this process can get (system_memory(), with a margin), else reads in
 // place; whenever it takes something other than the fastest form, and whenever it refuses an
 // image (stale, foreign, truncated, corrupt), it says so in one line (ModelParams::notice). packed
-// takes a valid image, else packs, and refuses (out_of_capacity) a copy that does not fit; image
-// requires a valid image (invalid_file / io_error naming why); in_place never packs nor maps one.
+// packs at load (an image is not looked for) and refuses (out_of_capacity) a copy that does not
+// fit; image requires a valid image (invalid_file / io_error naming why); in_place never packs nor
+// maps one.
 enum class WeightPlacement : int { automatic = 0, packed = 1, in_place = 2, image = 3 };
 const char* weight_placement_name(WeightPlacement p) noexcept;  // "automatic", "packed", "in place", "image"
 
@@ -49,7 +50,7 @@ struct ModelParams {
   Backend backend = Backend::cpu;
   // Where the CPU backend reads the projections from (see WeightPlacement).
   WeightPlacement weights = WeightPlacement::automatic;
-  // The packed image to look for (automatic, packed, image): empty means
+  // The packed image to look for (automatic, image): empty means
   // default_packed_image_path(dir) (DIR/gdn-packed.<layout>.gdnimg, what `gdn pack DIR` writes).
   std::string packed_image;
   // Called as loading reads the weights (packing or uploading them): progress(done_bytes, total_bytes).

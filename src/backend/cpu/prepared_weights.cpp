@@ -214,7 +214,9 @@ void place(PreparedWeights& w, const Model& model, const std::function<void(std:
   }
   const std::string path = mp.packed_image.empty() ? default_packed_image_path(model.dir()) : mp.packed_image;
   std::string refused;
-  if (std::filesystem::exists(path)) {
+  if (mp.weights == WeightPlacement::packed) {
+    // Packing asked for: no image is looked for.
+  } else if (std::filesystem::exists(path)) {
     try {
       map_image(w, layout, ckpt, path);
       w.placement = WeightPlacement::image;
