@@ -202,6 +202,11 @@ typedef struct gdn_model_params {
     /* Added after 0.1.0 (a caller compiled before it gets the default). Nonzero: the same as
        weights = GDN_WEIGHTS_IN_PLACE. */
     uint32_t weights_in_place;
+    /* Added after 0.1.0. The backend whose form of the weights the load makes (GDN_BACKEND_CPU: the packed
+       images above; GDN_BACKEND_CUDA: a copy on `device`, BACKEND_UNAVAILABLE without one); contexts of the
+       other backend make theirs when they are created. */
+    gdn_backend backend;
+    int32_t device;                /* CUDA device ordinal (0) */
     /* Added after 0.1.0. */
     gdn_weight_placement weights;  /* GDN_WEIGHTS_AUTOMATIC (default) */
     const char *packed_image;      /* the image AUTOMATIC / IMAGE look for; NULL: MODEL_DIR/gdn-packed.<layout>.gdnimg */
@@ -287,9 +292,12 @@ typedef struct gdn_context_params {
     int32_t threads;               /* 0: one per hardware thread */
     int32_t gdn_chunk_min_tokens;  /* a sequence advancing by at least this many tokens takes chunked GDN (16) */
     int32_t max_rollback_tokens;   /* > 0: a step of up to this many tokens per sequence can be partly undone (0) */
-    gdn_backend backend;           /* GDN_BACKEND_CPU */
+    gdn_backend backend;           /* GDN_BACKEND_CPU, or _CUDA: an NVIDIA GPU (bf16 activations, docs/cuda.md) */
     /* Added after 0.1.0 (a caller compiled before it gets the default). */
     gdn_matmul_input matmul_input; /* GDN_MATMUL_INPUT_FLOAT32 (default) or _BF16: see gdn_matmul_input */
+    /* Added after 0.1.0. */
+    int32_t device;                /* CUDA device ordinal (0) */
+    bool cuda_graphs;              /* CUDA: replay repeated decode shapes from captured graphs (default true) */
 } gdn_context_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */
@@ -484,6 +492,8 @@ typedef struct gdn_doctor_params {
     int32_t threads;               /* 0: one per hardware thread */
     gdn_state_dtype state_dtype;   /* the recurrent state the checks run with (default: the checkpoint's) */
     uint32_t faults;               /* GDN_DOCTOR_FAULT_* bits (0); an unknown bit is refused */
+    /* Added after 0.1.0. */
+    gdn_backend backend;           /* where the checks run (GDN_BACKEND_CPU); CUDA also compares against the CPU */
 } gdn_doctor_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */

@@ -230,11 +230,21 @@ void write_struct(S* out, const S& value, std::uint32_t v1, const char* type) {
   out->size = size;
 }
 
+gdn::Backend to_backend(const gdn_backend& b) {  // by reference: a bad value must not be loaded as the enum (UB)
+  switch (enum_int(b)) {
+    case GDN_BACKEND_CPU: return gdn::Backend::cpu;
+    case GDN_BACKEND_CUDA: return gdn::Backend::cuda;
+    default: invalid("backend " + std::to_string(enum_int(b)) + " is not a gdn_backend");
+  }
+}
+
 gdn_model_params default_model_params() {
   gdn_model_params p;
   std::memset(&p, 0, sizeof p);
   p.size = sizeof p;
   p.load_mtp = gdn::ModelParams{}.load_mtp;
+  p.backend = GDN_BACKEND_CPU;
+  p.device = 0;
   return p;
 }
 
@@ -255,6 +265,8 @@ gdn_context_params default_context_params() {
   p.max_rollback_tokens = d.max_rollback_tokens;
   p.backend = static_cast<gdn_backend>(d.backend);
   p.matmul_input = static_cast<gdn_matmul_input>(d.matmul_input);
+  p.device = d.device;
+  p.cuda_graphs = d.cuda_graphs;
   return p;
 }
 
@@ -282,11 +294,9 @@ gdn::ContextParams to_cpp(const gdn_context_params& p) {
   cp.threads = p.threads;
   cp.gdn_chunk_min_tokens = p.gdn_chunk_min_tokens;
   cp.max_rollback_tokens = p.max_rollback_tokens;
-  switch (enum_int(p.backend)) {
-    case GDN_BACKEND_CPU: cp.backend = gdn::Backend::cpu; break;
-    case GDN_BACKEND_CUDA: cp.backend = gdn::Backend::cuda; break;
-    default: invalid("backend " + std::to_string(enum_int(p.backend)) + " is not a gdn_backend");
-  }
+  cp.backend = to_backend(p.backend);
+  cp.device = p.device;
+  cp.cuda_graphs = p.cuda_graphs;
   switch (enum_int(p.matmul_input)) {
     case GDN_MATMUL_INPUT_FLOAT32: cp.matmul_input = gdn::MatmulInput::float32; break;
     case GDN_MATMUL_INPUT_BF16: cp.matmul_input = gdn::MatmulInput::bf16; break;
@@ -307,6 +317,9 @@ gdn::ModelParams to_cpp(const gdn_model_params& p) {
   }
   if (p.weights_in_place != 0) mp.weights = gdn::WeightPlacement::in_place;
   if (p.packed_image != nullptr) mp.packed_image = p.packed_image;
+  mp.backend = to_backend(p.backend);  // CUDA uploads its own copy; weights / packed_image are the CPU backend's
+  if (p.device < 0) invalid("device " + std::to_string(p.device) + " is negative");
+  mp.device = p.device;
   return mp;
 }
 
@@ -808,6 +821,7 @@ gdn_doctor_params default_doctor_params() {
   p.threads = d.threads;
   p.state_dtype = GDN_STATE_DTYPE_DEFAULT;
   p.faults = 0;
+  p.backend = GDN_BACKEND_CPU;
   return p;
 }
 }  // namespace
@@ -834,6 +848,7 @@ gdn_status gdn_doctor_run(const char* model_dir, const gdn_doctor_params* params
     else if (p.state_dtype != GDN_STATE_DTYPE_DEFAULT) invalid("state_dtype " + std::to_string(p.state_dtype) + " is unknown");
     o.faults.drop_conv_state = (p.faults & GDN_DOCTOR_FAULT_DROP_CONV_STATE) != 0;
     o.faults.tiled_value_heads = (p.faults & GDN_DOCTOR_FAULT_TILED_VALUE_HEADS) != 0;
+    o.backend = to_backend(p.backend);
     const gdn::DoctorReport report = gdn::run_doctor(model_dir, o);
     std::string json = report.to_json();
     last_report.swap(json);

@@ -29,6 +29,7 @@
 // left state half-written, and makes usable() false.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -146,8 +147,8 @@ rt::DeviceInfo open_device(int device) {
   const cudaError_t e = rt::device_count(&n);
   if (e == cudaErrorInsufficientDriver)
     throw Error(Status::backend_unavailable,
-                "the CUDA backend is not available: the NVIDIA driver is older than the CUDA runtime libgdn was built "
-                "with (update the driver)");
+                "the CUDA backend is not available: no usable NVIDIA driver (none is installed, or it is older than the "
+                "CUDA runtime libgdn was built with)");
   if (e != cudaSuccess || n == 0)
     throw Error(Status::backend_unavailable,
                 fmt::format("the CUDA backend is not available: no CUDA device ({})",
@@ -236,6 +237,7 @@ struct DeviceWeights {
   const bf16* lm_head = nullptr;  // the embedding when tied
   const float* inv_freq = nullptr;
   std::optional<MtpW> mtp;
+  std::vector<std::pair<bf16*, std::int64_t>> matrices;  // every bf16 matrix and its elements (randomize_cuda_weights)
 };
 
 // Builds DeviceWeights in two passes over the same code: the first counts bytes, the second
@@ -244,7 +246,8 @@ class Uploader {
  public:
   Uploader(const ModelConfig& c, const std::function<void(std::size_t, std::size_t)>& progress) : c_(c), progress_(progress) {}
 
-  void begin_copy(void* base) {
+  void begin_copy(void* base, DeviceWeights* w) {
+    weights_ = w;
     carver_.start(base);
     copying_ = true;
     staging_ = PinnedMemory(kStaging);
@@ -260,6 +263,7 @@ class Uploader {
       total_ += static_cast<std::size_t>(rows * in) * 2;
       return nullptr;
     }
+    weights_->matrices.emplace_back(dst, rows * in);
     std::int64_t at = 0;
     for (const auto& r : runs) {
       const TensorView& t = *r.t;
@@ -267,7 +271,8 @@ class Uploader {
         const std::int64_t n = std::min<std::int64_t>(r.row0 + r.rows - row, std::max<std::int64_t>(1, kStaging / 2 / in));
         auto* host = staging_.get<std::uint16_t>();
         const std::size_t elem = dtype_size(t.dtype);
-        for (std::int64_t e = 0; e < n * in; ++e) {
+        if (t.dtype == DType::bf16) std::memcpy(host, t.data + row * in * 2, static_cast<std::size_t>(n * in) * 2);
+        else for (std::int64_t e = 0; e < n * in; ++e) {
           const std::byte* p = t.data + (row * in + e) * static_cast<std::int64_t>(elem);
           std::uint16_t bits = 0;
           switch (t.dtype) {
@@ -307,6 +312,7 @@ class Uploader {
   const std::function<void(std::size_t, std::size_t)>& progress_;
   Carver carver_;
   bool copying_ = false;
+  DeviceWeights* weights_ = nullptr;
   PinnedMemory staging_;
   std::size_t total_ = 0, done_ = 0;
 };
@@ -398,7 +404,7 @@ std::shared_ptr<const DeviceWeights> device_weights(const Model& model, int devi
     Uploader u(model.config(), progress);
     upload_all(u, model, *w);  // counts
     w->memory = DeviceMemory(u.bytes(), "model weights");
-    u.begin_copy(w->memory.get());
+    u.begin_copy(w->memory.get(), w.get());
     upload_all(u, model, *w);
     return w;
   });
@@ -538,6 +544,7 @@ class CudaBackend final : public BackendInterface {
   void rollback(int slot, std::int64_t keep) override;
 
   std::unique_ptr<StateCopy> save_slot(int slot) override {
+    check(rt::set_device(p_.device), "selecting the device");
     auto copy = std::make_unique<DeviceStateCopy>();
     copy->conv = DeviceMemory(conv_slot_bytes(), "snapshot");  // out of memory: nothing written, still usable
     copy->recurrent = DeviceMemory(rec_slot_bytes(), "snapshot");
@@ -618,6 +625,7 @@ class CudaBackend final : public BackendInterface {
   void guarded(F&& fn) {
     if (!usable_) throw Error(Status::internal, "CUDA backend: unusable after an earlier device failure");
     try {
+      check(rt::set_device(p_.device), "selecting the device");  // contexts on several devices may share a thread
       fn();
     } catch (const Error& e) {
       if (e.status() != Status::out_of_capacity || rt::last_error() != cudaSuccess) usable_ = false;
@@ -1334,6 +1342,35 @@ namespace gdn {
 
 std::unique_ptr<BackendInterface> make_cuda_backend(std::shared_ptr<const Model> model, const BackendParams& params) {
   return std::make_unique<cuda::CudaBackend>(std::move(model), params);
+}
+
+void require_cuda_device(int device) { (void)cuda::open_device(device); }
+
+double measure_cuda_copy_bandwidth(int device, std::size_t bytes) {
+  namespace rt = cuda::rt;
+  cuda::open_device(device);
+  cuda::DeviceMemory a(bytes, "the bandwidth measurement"), b(bytes, "the bandwidth measurement");
+  cudaStream_t s = nullptr;
+  cuda::check(rt::stream_create(&s), "creating a stream");
+  cuda::check(rt::memset_async(a.get(), 1, bytes, s), "the bandwidth measurement");
+  std::vector<double> times;
+  for (int i = 0; i < 7; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cuda::check(rt::memcpy_async(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, s), "the bandwidth measurement");
+    cuda::check(rt::stream_synchronize(s), "the bandwidth measurement");
+    if (i > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  (void)rt::stream_destroy(s);
+  std::sort(times.begin(), times.end());
+  return 2.0 * static_cast<double>(bytes) / times[times.size() / 2];
+}
+
+void randomize_cuda_weights(const Model& model, int device, std::uint64_t seed) {
+  const auto w = cuda::device_weights(model, device, {});
+  for (const auto& [p, n] : w->matrices) {
+    cuda::check(cuda::fill_random_bf16(p, n, seed++, 0.02f, nullptr), "randomising the weights");
+  }
+  cuda::check(cuda::rt::stream_synchronize(nullptr), "randomising the weights");
 }
 
 void prepare_cuda_weights(const Model& model, int device, const std::function<void(std::size_t, std::size_t)>& progress) {

@@ -1,25 +1,32 @@
 #!/usr/bin/env bash
-# The GPU check of the CUDA backend, in one run (docs/cuda.md): build the kernels, run their test
-# suite against the CPU reference, benchmark the decode step and GDN prefill at 0.8B and 27B
-# shapes against the HBM roofline, and, where their wheels were carried, time flash-linear-
-# attention's and FlashInfer's chunked GDN on the same shapes. Results go to $OUT (the folder
-# whose files the device tool brings back), or to /tmp/gdn-device-out when OUT is unset.
+# The GPU check of the CUDA backend, in one run (docs/cuda.md): the kernel tests against the CPU
+# reference, the whole model through Context on Backend::cuda against the CPU backend and
+# transformers (tests/test_cuda_context.cpp, the same checks CI runs on the emulator), gdn doctor
+# on the GPU, `gdn bench --backend cuda` on random-weight 0.8B- and 27B-shaped checkpoints against
+# the HBM roofline, and the kernel benchmark (GDN chunked prefill TFLOP/s, components). Results go
+# to $OUT (the folder whose files the device tool brings back), or /tmp/gdn-device-out.
 #
 # Two steps, because the GPU machine has no network and none of libgdn's Debian dependencies:
 #
 #   1. here, on the development machine:
 #        scripts/device-check.sh --prepare [--with-wheels]
-#      builds the CUDA-only project (cmake -S cuda) and puts into .device/ (ignored by git):
-#      Catch2's header, the three test/benchmark binaries with a stamp of the sources they were
-#      built from, and with --with-wheels the flash-linear-attention and FlashInfer wheels.
+#      builds libgdn with its CUDA backend (sm_90a) in /tmp/gdn-build-device and puts into .device/
+#      (ignored by git): the test and benchmark binaries with a stamp of the sources they were built
+#      from, the shared libraries they need that the GPU machine lacks (fmt, PCRE2, utf8proc),
+#      Catch2's header (for the fallback build), and with --with-wheels flash-linear-attention's and
+#      FlashInfer's wheels.
 #   2. on the GPU machine, through the device tool:
 #        run(command="bash scripts/device-check.sh", carry=[".device"], timeout_s=600)
-#      uses the carried binaries when their stamp matches the tree (else builds there, ~3 min on
-#      16 cores), then tests, benchmarks and compares. About 3–6 minutes in all.
+#      runs the carried binaries when their stamp matches the tree and they start there; otherwise
+#      it builds the CUDA-only project (cmake -S cuda: kernel tests and kernel benchmark only; the
+#      whole-model steps are then skipped and say so). About 5–7 minutes in all.
 #
-# Environment: GDN_DEVICE_BUILD=1 always builds on the device; GDN_DEVICE_SHAPES (default
-# 0.8b,27b), GDN_DEVICE_BATCHES (1,8,32), GDN_DEVICE_CONTEXT (4096), GDN_DEVICE_PREFILL (4096).
-set -euo pipefail
+# It writes summary.md (a short report), device.json (every figure), and the logs tests.log,
+# context.log, doctor.log, bench.log. Exit status 1 when a test failed or was skipped.
+#
+# Environment: GDN_DEVICE_BUILD=1 always builds on the device; GDN_DEVICE_SHAPES (0.8b,27b),
+# GDN_DEVICE_BATCHES (1,8,32), GDN_DEVICE_CONTEXT (4096), GDN_DEVICE_PREFILL (512,8192).
+set -uo pipefail
 export LC_ALL=C  # the same glob order (and so the same source stamp) on both machines
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -28,29 +35,37 @@ say() { printf '\n[%s] == %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 # The sources the binaries depend on, hashed: a carried build is used only for the same sources.
 source_stamp() {
-  { cat cuda/CMakeLists.txt cuda/*.cu cuda/*.cuh cuda/*.hpp cuda/*.cpp tests/test_cuda_kernels.cpp tests/test_main.cpp \
-      include/gdn/layers/*.hpp include/gdn/backend/cpu/*.hpp include/gdn/runtime/sampling.hpp 2>/dev/null || true; } |
-    sha256sum | cut -c1-16
+  git ls-files -co --exclude-standard -- CMakeLists.txt cmake cuda include src capi tests/CMakeLists.txt \
+      tests/test_cuda_kernels.cpp tests/test_cuda_context.cpp tests/test_main.cpp tests/test_util.hpp tools/gdn 2>/dev/null |
+    sort | while read -r f; do [[ -f "$f" ]] && { echo "$f"; cat "$f"; }; done | sha256sum | cut -c1-16
 }
 
 if [[ "${1:-}" == "--prepare" ]]; then
+  set -e
   with_wheels=0
   [[ "${2:-}" == "--with-wheels" ]] && with_wheels=1
-  mkdir -p "$DEV/catch2" "$DEV/bin"
+  rm -rf "$DEV/bin" "$DEV/lib"
+  mkdir -p "$DEV/catch2" "$DEV/bin" "$DEV/lib"
   grep -qxF '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
-  say "Catch2 header → .device/catch2"
-  if [[ ! -f /usr/include/catch2/catch.hpp ]]; then
-    apt-get install -y catch2 >/dev/null
-  fi
+  scripts/install-deps.sh
   cp /usr/include/catch2/catch.hpp "$DEV/catch2/"
   build=${GDN_DEVICE_BUILD_DIR:-/tmp/gdn-build-device}  # outside the tree: it must not travel
-  say "building the CUDA-only project (sm_90a + compute_90 PTX) in $build"
-  cmake -S cuda -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGDN_CATCH2_DIR="$DEV" >/dev/null
-  cmake --build "$build" -j "${GDN_JOBS:-$(nproc)}" --target test_cuda_kernels test_cuda_emulated gdn_cuda_bench
-  cp "$build"/bin/test_cuda_kernels "$build"/bin/test_cuda_emulated "$build"/bin/gdn_cuda_bench "$DEV/bin/"
+  say "building libgdn with the CUDA backend (sm_90a) in $build"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGDN_BUILD_PYTHON=OFF -DGDN_BUILD_EXAMPLES=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a-real >/dev/null
+  cmake --build "$build" -j "${GDN_JOBS:-$(nproc)}" \
+    --target test_cuda_kernels test_cuda_emulated test_cuda_context test_cuda_context_emulated gdn_cli gdn_bench gdn_cuda_bench
+  for b in test_cuda_kernels test_cuda_context gdn gdn-bench gdn_cuda_bench; do cp "$build/bin/$b" "$DEV/bin/"; done
+  # Shared libraries the GPU machine's image lacks (not libc / libstdc++: theirs is newer).
+  for b in "$DEV"/bin/*; do
+    for lib in $(ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libutf8proc|libz\.' || true); do
+      cp -L "$lib" "$DEV/lib/"
+    done
+  done
   source_stamp > "$DEV/bin/STAMP"
-  say "the kernels on the CPU emulator here, as a last check before the device run"
-  "$build"/bin/test_cuda_emulated | tail -3
+  say "last check here: the kernels and the whole model on the CPU emulator"
+  "$build"/bin/test_cuda_emulated | tail -2
+  "$build"/bin/test_cuda_context_emulated "~[tiny]" | tail -2
   if [[ $with_wheels == 1 ]]; then
     say "wheels → .device/wheels (flash-linear-attention, FlashInfer; Python 3.12, manylinux x86_64)"
     mkdir -p "$DEV/wheels"
@@ -71,6 +86,9 @@ OUT=${OUT:-/tmp/gdn-device-out}
 mkdir -p "$OUT"
 status=0
 SUMMARY="$OUT/summary.md"
+JSON="$OUT/device.json"
+echo "{" > "$JSON"
+json() { printf '  "%s": %s,\n' "$1" "$2" >> "$JSON"; }
 {
   echo "# Device check of the CUDA backend"
   echo
@@ -84,26 +102,29 @@ say "environment"
   echo '```'
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || echo "no nvidia-smi"
   nvcc --version 2>&1 | tail -2 || true
-  cmake --version 2>&1 | head -1 || true
-  echo "cores: $(nproc)"
+  echo "cores: $(nproc), memory: $(free -g | awk '/Mem:/ {print $2}') GiB, disk free: $(df -h /tmp | awk 'NR==2 {print $4}')"
   echo '```'
 } | tee -a "$SUMMARY"
 
-BIN=""
-if [[ "${GDN_DEVICE_BUILD:-0}" != 1 && -x "$DEV/bin/test_cuda_kernels" && -f "$DEV/bin/STAMP" && "$(cat "$DEV/bin/STAMP")" == "$(source_stamp)" ]]; then
+# cuBLASLt: the CUDA toolkit's, or the one PyTorch's wheels carry.
+cublas=$(ls /usr/local/cuda/lib64/libcublasLt.so.13 2>/dev/null || find / -name 'libcublasLt.so.13' -not -path '*/proc/*' 2>/dev/null | head -1)
+export LD_LIBRARY_PATH="$DEV/lib${cublas:+:$(dirname "$cublas")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export GDN_SOURCE_DIR="$ROOT"  # the carried tests find the fixtures and models/gdn-tiny here
+
+BIN="" WHOLE=0
+if [[ "${GDN_DEVICE_BUILD:-0}" != 1 && -f "$DEV/bin/STAMP" && "$(cat "$DEV/bin/STAMP")" == "$(source_stamp)" ]]; then
   say "trying the carried binaries (built from these sources)"
-  # Each must load its libraries and answer: the bench refuses a bad flag, the tests list themselves.
-  probe_bench=$(timeout 60 "$DEV/bin/gdn_cuda_bench" --bad-flag 2>&1 || true)
   probe_tests=$(timeout 60 "$DEV/bin/test_cuda_kernels" --list-test-names-only 2>&1 || true)
-  if [[ $probe_bench == *"unknown argument"* && $probe_tests == *"CUDA causal conv1d"* ]]; then
-    BIN="$DEV/bin"
-    echo "- binaries: carried, built on the development machine" >> "$SUMMARY"
+  probe_ctx=$(timeout 60 "$DEV/bin/test_cuda_context" --list-test-names-only 2>&1 || true)
+  if [[ $probe_tests == *"CUDA causal conv1d"* && $probe_ctx == *"CUDA backend"* ]]; then
+    BIN="$DEV/bin" WHOLE=1
+    echo "- binaries: carried, built on the development machine (libgdn with the CUDA backend)" >> "$SUMMARY"
   else
-    echo "  they do not run here; building instead"
+    echo "  they do not run here:"; echo "$probe_tests" | tail -3; echo "$probe_ctx" | tail -3
   fi
 fi
 if [[ -z "$BIN" ]]; then
-  say "building the CUDA-only project for sm_90a"
+  say "building the CUDA-only project for sm_90a (kernel tests and kernel benchmark; no whole-model steps)"
   catch_dir=""
   [[ -f "$DEV/catch2/catch.hpp" ]] && catch_dir="$DEV"
   [[ -z "$catch_dir" && -f /usr/include/catch2/catch.hpp ]] && catch_dir=/usr/include
@@ -116,114 +137,95 @@ if [[ -z "$BIN" ]]; then
   BUILD=/tmp/gdn-device-build
   if ! { timeout 120 cmake -S cuda -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
            -DGDN_CATCH2_DIR="$catch_dir" &&
-         timeout 420 cmake --build "$BUILD" -j "$(nproc)" --target test_cuda_kernels test_cuda_emulated gdn_cuda_bench; } \
-       > "$OUT/build.log" 2>&1; then
-    tail -40 "$OUT/build.log"
-    echo "- build: FAILED (build.log)" >> "$SUMMARY"
+         timeout 420 cmake --build "$BUILD" -j "$(nproc)" --target test_cuda_kernels gdn_cuda_bench; } \
+       > "$OUT/bench.log" 2>&1; then
+    tail -40 "$OUT/bench.log"
+    echo "- build: FAILED (bench.log)" >> "$SUMMARY"
     exit 1
   fi
-  tail -3 "$OUT/build.log"
   BIN="$BUILD/bin"
-  echo "- binaries: built on the device (build.log)" >> "$SUMMARY"
-fi
-
-say "kernel tests against the CPU reference (tolerances are printed beside each measured difference)"
-if timeout 300 "$BIN/test_cuda_kernels" 2>&1 | tee "$OUT/tests.log"; then
-  echo "- kernel tests on the GPU: passed ($(grep -E '^(All tests passed|test cases)' "$OUT/tests.log" | tail -1))" >> "$SUMMARY"
-else
-  status=1
-  echo "- kernel tests on the GPU: FAILED ($(grep -E '^test cases' "$OUT/tests.log" | tail -1)), see tests.log" >> "$SUMMARY"
-fi
-grep -q "SKIPPED" "$OUT/tests.log" && { echo "- WARNING: tests skipped: no device seen" >> "$SUMMARY"; status=1; }
-if timeout 120 "$BIN/test_cuda_emulated" > /tmp/gdn-emulated.log 2>&1; then
-  echo "- the same tests on the CPU emulator: passed" >> "$SUMMARY"
-else
-  echo "- the same tests on the CPU emulator: FAILED" >> "$SUMMARY"
-  { echo '```'; tail -30 /tmp/gdn-emulated.log; echo '```'; } >> "$SUMMARY"
+  echo "- binaries: built on the device (CUDA-only project); the whole-model steps were SKIPPED" >> "$SUMMARY"
   status=1
 fi
 
-say "benchmark: decode step (CUDA graph) and GDN prefill vs the HBM roofline"
-shapes=${GDN_DEVICE_SHAPES:-0.8b,27b}
-if timeout 300 "$BIN/gdn_cuda_bench" --shapes "$shapes" --batches "${GDN_DEVICE_BATCHES:-1,8,32}" \
-     --context "${GDN_DEVICE_CONTEXT:-4096}" --prefill "${GDN_DEVICE_PREFILL:-4096}" --out "$OUT" 2>&1 | tee /tmp/gdn-bench.log; then
-  { echo; echo "## Benchmark"; echo; cat "$OUT/bench.md"; } >> "$SUMMARY"
+say "1. kernel tests against the CPU reference (tolerances are printed beside each measured difference)"
+if timeout 300 "$BIN/test_cuda_kernels" > "$OUT/tests.log" 2>&1; then
+  echo "- kernel tests: passed ($(grep -E '^(All tests passed|test cases)' "$OUT/tests.log" | tail -1))" >> "$SUMMARY"
+  json kernel_tests '"passed"'
 else
   status=1
-  { echo "- benchmark: FAILED:"; echo '```'; tail -20 /tmp/gdn-bench.log; echo '```'; } >> "$SUMMARY"
+  echo "- kernel tests: FAILED ($(grep -E '^test cases' "$OUT/tests.log" | tail -1)), see tests.log" >> "$SUMMARY"
+  json kernel_tests '"failed"'
+fi
+grep -q "SKIPPED" "$OUT/tests.log" && { echo "- WARNING: kernel tests skipped: no device seen" >> "$SUMMARY"; status=1; }
+
+if [[ $WHOLE == 1 ]]; then
+  say "2. the whole model through Context on the GPU vs the CPU backend and transformers"
+  if timeout 240 "$BIN/test_cuda_context" -d yes > "$OUT/context.log" 2>&1; then
+    echo "- whole-model parity: passed ($(grep -E '^(All tests passed|test cases)' "$OUT/context.log" | tail -1))" >> "$SUMMARY"
+    json whole_model '"passed"'
+  else
+    status=1
+    echo "- whole-model parity: FAILED ($(grep -E '^test cases' "$OUT/context.log" | tail -1)), see context.log" >> "$SUMMARY"
+    json whole_model '"failed"'
+  fi
+  grep -q "SKIPPED" "$OUT/context.log" && { echo "- WARNING: whole-model tests skipped: $(grep -m1 SKIPPED "$OUT/context.log")" >> "$SUMMARY"; status=1; }
+  { echo; echo "Measured (context.log):"; echo '```'; grep -E "CUDA rms error|MTP head vs|gdn-tiny on CUDA" -A1 "$OUT/context.log" | grep -v "^--" | head -30; echo '```'; } >> "$SUMMARY"
+
+  say "3. gdn doctor --backend cuda"
+  : > "$OUT/doctor.log"
+  for m in models/gdn-tiny tests/fixtures/models/qwen35_cond_mtp; do
+    timeout 120 "$BIN/gdn" doctor "$m" --backend cuda --quick >> "$OUT/doctor.log" 2>&1
+    rc=$?
+    echo "- gdn doctor --backend cuda $m: exit $rc ($(grep -E '^summary' "$OUT/doctor.log" | tail -1))" >> "$SUMMARY"
+    [[ $rc == 0 ]] || status=1
+  done
+
+  say "4. gdn bench --backend cuda (whole model, HBM roofline)"
+  : > "$OUT/bench.log"
+  IFS=, read -r -a shapes <<< "${GDN_DEVICE_SHAPES:-0.8b,27b}"
+  for shape in "${shapes[@]}"; do
+    limit=150
+    [[ $shape == 27b ]] && limit=270
+    if timeout $limit "$BIN/gdn-bench" --backend cuda --shape "$shape" --cache /tmp/gdn-models \
+         --batches "${GDN_DEVICE_BATCHES:-1,8,32}" --context "${GDN_DEVICE_CONTEXT:-4096}" \
+         --prefill "${GDN_DEVICE_PREFILL:-512,8192}" --json "/tmp/bench_$shape.json" >> "$OUT/bench.log" 2>&1; then
+      json "bench_$shape" "$(cat "/tmp/bench_$shape.json")"
+      { echo; echo "### gdn bench --backend cuda --shape $shape"; echo '```'; grep -A30 "shape\|gdn bench --backend cuda: " "$OUT/bench.log" | grep -E "^  |gdn bench" | tail -16; echo '```'; } >> "$SUMMARY"
+    else
+      status=1
+      echo "- gdn bench --backend cuda --shape $shape: FAILED or timed out (bench.log)" >> "$SUMMARY"
+    fi
+  done
+fi
+
+say "5. kernel benchmark: GDN chunked prefill (TFLOP/s) and the decode step's components"
+mkdir -p /tmp/gdn-kernel-bench
+if timeout 200 "$BIN/gdn_cuda_bench" --shapes "${GDN_DEVICE_SHAPES:-0.8b,27b}" --batches 1 \
+     --context "${GDN_DEVICE_CONTEXT:-4096}" --prefill 8192 --out /tmp/gdn-kernel-bench >> "$OUT/bench.log" 2>&1; then
+  json kernel_bench "$(cat /tmp/gdn-kernel-bench/bench.json 2>/dev/null || echo null)"
+  { echo; echo "## Kernel benchmark"; echo; cat /tmp/gdn-kernel-bench/bench.md; } >> "$SUMMARY"
+else
+  status=1
+  echo "- kernel benchmark: FAILED (bench.log)" >> "$SUMMARY"
 fi
 
 # Optional: flash-linear-attention's and FlashInfer's chunked GDN on the same shapes, when wheels
-# were carried (no network here). Each runs in its own process with a time limit and is skipped
-# cleanly when it cannot be imported or run.
+# were carried (no network here), each in its own process with a time limit.
 if compgen -G "$DEV/wheels/*.whl" >/dev/null; then
-  say "reference kernels from the carried wheels"
+  say "6. reference GDN prefill kernels from the carried wheels"
   if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$DEV"/wheels/*.whl; then
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    cat > /tmp/gdn_reference_bench.py <<'PY'
-import json, sys, time
-import torch
-which, shapes, T = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
-cfg = {"0.8b": (16, 16), "27b": (16, 48)}  # (key heads, value heads); dk = dv = 128
-def timed(f, iters=10):
-    f(); torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters): f()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e3
-for name in shapes:
-    if name not in cfg: continue
-    Hk, Hv = cfg[name]
-    for nseq in (1, 4):
-        per = T // nseq
-        cu = torch.arange(0, nseq + 1, device="cuda", dtype=torch.int32) * per
-        n = per * nseq
-        q = torch.randn(n, Hk, 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(n, Hk, 128, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(n, Hv, 128, device="cuda", dtype=torch.bfloat16)
-        g = -torch.rand(n, Hv, device="cuda", dtype=torch.float32)  # log decay
-        beta = torch.rand(n, Hv, device="cuda", dtype=torch.float32)
-        h0 = torch.zeros(nseq, Hv, 128, 128, device="cuda", dtype=torch.float32)
-        if which == "fla":
-            from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-            qq, kk = q, k
-            try:
-                f = lambda: chunk_gated_delta_rule(qq[None], kk[None], v[None], g[None], beta[None].to(torch.bfloat16),
-                                                   initial_state=h0, output_final_state=True, cu_seqlens=cu.long(),
-                                                   use_qk_l2norm_in_kernel=True)
-                f()
-            except Exception:  # older FLA: no grouped value heads, repeat q/k
-                qq, kk = q.repeat_interleave(Hv // Hk, 1), k.repeat_interleave(Hv // Hk, 1)
-                f = lambda: chunk_gated_delta_rule(qq[None], kk[None], v[None], g[None], beta[None].to(torch.bfloat16),
-                                                   initial_state=h0, output_final_state=True, cu_seqlens=cu.long(),
-                                                   use_qk_l2norm_in_kernel=True)
-        else:
-            from flashinfer.gdn_prefill import chunk_gated_delta_rule
-            alpha = torch.exp(g)
-            f = lambda: chunk_gated_delta_rule(q, k, v, alpha, beta, initial_state=h0, output_final_state=True,
-                                               cu_seqlens=cu.long(), use_qk_l2norm_in_kernel=True)
-        ms = timed(f)
-        print(json.dumps({"kind": "gdn_prefill_reference", "library": which, "shape": name, "tokens": n,
-                          "sequences": nseq, "ms": round(ms, 4), "tokens_per_s": round(n / ms * 1e3)}), flush=True)
-PY
     for lib in fla flashinfer; do
-      echo "  $lib:"
-      if timeout 240 python3 /tmp/gdn_reference_bench.py "$lib" "$shapes" "${GDN_DEVICE_PREFILL:-4096}" >> "$OUT/reference.json" 2>> /tmp/gdn-reference.log; then
-        echo "  $lib: done"
-      else
-        echo "  $lib: skipped:"; tail -5 /tmp/gdn-reference.log
-        echo "{\"kind\": \"gdn_prefill_reference\", \"library\": \"$lib\", \"skipped\": true}" >> "$OUT/reference.json"
-      fi
+      timeout 120 python3 scripts/gdn_reference_prefill.py "$lib" "${GDN_DEVICE_SHAPES:-0.8b,27b}" 8192 >> /tmp/reference.json 2>> "$OUT/bench.log" ||
+        echo "{\"library\": \"$lib\", \"skipped\": true}" >> /tmp/reference.json
     done
-    { echo; echo "## Reference GDN prefill (same shapes, one layer)"; echo; echo '```'; cat "$OUT/reference.json"; echo '```'; } >> "$SUMMARY"
-  else
-    echo "- reference wheels: could not be installed, comparison skipped" >> "$SUMMARY"
+    json reference_prefill "[$(paste -sd, /tmp/reference.json)]"
+    { echo; echo "## Reference GDN prefill (same shapes, one layer)"; echo '```'; cat /tmp/reference.json; echo '```'; } >> "$SUMMARY"
   fi
-else
-  say "no wheels carried (.device/wheels): flash-linear-attention / FlashInfer comparison skipped"
-  echo "- flash-linear-attention / FlashInfer comparison: skipped (no wheels carried)" >> "$SUMMARY"
 fi
 
+printf '  "status": %d\n}\n' "$status" >> "$JSON"
 say "done: $(ls "$OUT" | tr '\n' ' ')"
 cat "$SUMMARY"
 exit $status

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "backend/backend.hpp"
 #include "doctor_impl.hpp"
 #include "gdn/runtime/generator.hpp"
 
@@ -112,6 +113,9 @@ Verdict classify_generation(const GenerationStats& s) noexcept {
 }
 
 DoctorReport run_doctor(const std::string& dir, const DoctorOptions& options) {
+  // A doctor asked to check the CUDA backend where it cannot run is the caller's error, not a
+  // finding about the checkpoint.
+  if (options.backend == Backend::cuda) require_cuda_device(0);
   const auto t0 = std::chrono::steady_clock::now();
   DoctorReport report;
   report.model_dir = dir;

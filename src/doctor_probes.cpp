@@ -108,13 +108,29 @@ double stddev(const std::vector<float>& v) {
 }
 
 // A deviation against the identity tolerance, scaled by the logits' spread.
-void judge_identity(DoctorCheck& c, double d, double scale, const std::string& what) {
-  const double tol = lim::identity_logits * scale, fail = lim::identity_logits_fail * scale;
-  measure(c, "max |dlogit|", d, fmt::format("<= {} (FAIL above {}; logit scale {})", figure(tol), figure(fail), figure(scale)));
+double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double ss = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) ss += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  return std::sqrt(ss / static_cast<double>(std::max<std::size_t>(a.size(), 1)));
+}
+
+// Two evaluation orders of the same function. On the CPU (float32) they agree to rounding, so the
+// largest difference is judged; on CUDA every kernel rounds its output to bf16 and a different
+// order moves single logits by up to bf16 noise (transformers' own bf16 run: up to 2.8 on a random
+// fixture), so the RMS is judged, against bf16 limits.
+void judge_identity(const DoctorSubject& s, DoctorCheck& c, const std::vector<float>& a, const std::vector<float>& b,
+                    double scale, const std::string& what) {
+  const bool bf16 = s.options.backend == Backend::cuda;
+  const double d = bf16 ? rms_diff(a, b) : max_abs_diff(a, b);
+  const double tol = (bf16 ? lim::identity_rms_bf16 : lim::identity_logits) * scale;
+  const double fail = (bf16 ? lim::identity_rms_bf16_fail : lim::identity_logits_fail) * scale;
+  measure(c, bf16 ? "rms |dlogit|" : "max |dlogit|", d,
+          fmt::format("<= {} (FAIL above {}; logit scale {})", figure(tol), figure(fail), figure(scale)));
   c.verdict = d <= tol ? Verdict::pass : d <= fail ? Verdict::warn : Verdict::fail;
+  const char* rounding = bf16 ? "bf16" : "float32";
   c.message = !std::isfinite(d) ? what + ": the logits are not finite (NaN or Inf; see weights.finite)"
               : d <= tol    ? what + fmt::format(": agree to {}", figure(d))
-              : d <= fail ? what + fmt::format(": differ by {}, more than float32 rounding should give", figure(d))
+              : d <= fail ? what + fmt::format(": differ by {}, more than {} rounding should give", figure(d), rounding)
                           : what + fmt::format(": differ by {}: the engine is wrong on this model", figure(d));
 }
 
@@ -141,7 +157,7 @@ void check_identities(DoctorSubject& s, CheckRecorder& rec, double& scale) {
     a = run_whole(*open(s, chunked), prompt);
     b = run_whole(*open(s, recurrent), prompt);
     scale = std::max(1.0, stddev(a));
-    judge_identity(c, max_abs_diff(a, b), scale,
+    judge_identity(s, c, a, b, scale,
                    fmt::format("{}-token prompt, chunked GDN (chunks of 64) vs per-token recurrence", L));
   });
 
@@ -152,7 +168,7 @@ void check_identities(DoctorSubject& s, CheckRecorder& rec, double& scale) {
     if (scale <= 0.0) scale = std::max(1.0, stddev(whole));
     const std::int64_t sizes[] = {37, 64, 1, 29, 1 << 20};
     const auto split = run_in_steps(ctx, prompt, sizes);
-    judge_identity(c, max_abs_diff(whole, split), scale,
+    judge_identity(s, c, whole, split, scale,
                    fmt::format("{}-token prompt in one step vs in steps of 37, 64, 1, 29, rest (conv and recurrent "
                                "state carried across steps)", L));
   });
@@ -162,7 +178,7 @@ void check_identities(DoctorSubject& s, CheckRecorder& rec, double& scale) {
     const std::int64_t D = quick ? 24 : 64;
     const std::int64_t sizes[] = {static_cast<std::int64_t>(L) - D, 1};
     const auto dec = run_in_steps(ctx, prompt, sizes);
-    judge_identity(c, max_abs_diff(whole, dec), scale,
+    judge_identity(s, c, whole, dec, scale,
                    fmt::format("prefill {} then {} tokens decoded one per step vs the whole prompt", L - D, D));
   });
 
@@ -232,6 +248,10 @@ void check_identities(DoctorSubject& s, CheckRecorder& rec, double& scale) {
     }
   });
 
+  if (s.options.backend == Backend::cuda) {
+    rec.skip("identity.bf16_state_drift", "the CUDA backend keeps the recurrent state in float32 (bf16 state is CPU-only)");
+    return;
+  }
   rec.run("identity.bf16_state_drift", [&](DoctorCheck& c) {
     const std::size_t D = quick ? 32 : 64;
     const std::span<const Token> tokens = std::span(prompt).first(D);
@@ -321,6 +341,12 @@ void check_value_heads(DoctorSubject& s, CheckRecorder& rec) {
     rec.skip("gdn.value_head_grouping", "one value head per key head (Hv == Hk): the pairing cannot differ");
     return;
   }
+  if (s.options.backend == Backend::cuda) {
+    rec.skip("gdn.value_head_grouping",
+             "measured on the CPU backend (the CUDA kernels pair heads one way only; backend.cuda_vs_cpu checks that "
+             "they pair them as the CPU does)");
+    return;
+  }
   rec.run("gdn.value_head_grouping", [&](DoctorCheck& c) {
     const bool engine_tiled = s.options.faults.tiled_value_heads;
     FaultInjection grouped = s.options.faults, tiled = s.options.faults;
@@ -405,12 +431,16 @@ void check_backend(DoctorSubject& s, CheckRecorder& rec, double scale) {
     const auto prompt = random_ids(s, s.options.quick ? 70 : 130, 0xcafe);
     ContextParams cp = params_for(s, 1);
     cp.backend = Backend::cpu;
-    const double d = max_abs_diff(run_whole(*open(s, cp), prompt), run_whole(*cuda_ctx, prompt));
+    const auto a = run_whole(*open(s, cp), prompt), b = run_whole(*cuda_ctx, prompt);
+    double ss = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) ss += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    const double rms = std::sqrt(ss / static_cast<double>(std::max<std::size_t>(a.size(), 1)));
     const double tol = lim::backend_logits * scale;
-    measure(c, "max |dlogit|", d, fmt::format("<= {}", figure(tol)));
-    c.verdict = d <= tol ? Verdict::pass : Verdict::fail;
-    c.message = fmt::format("{}-token prompt, CPU (float32) vs CUDA (bf16 activations and KV) logits differ by {}",
-                            prompt.size(), figure(d));
+    measure(c, "rms |dlogit|", rms, fmt::format("<= {}", figure(tol)));
+    c.verdict = rms <= tol ? Verdict::pass : Verdict::fail;
+    c.message = fmt::format("{}-token prompt, CPU (float32) vs CUDA (bf16 activations and KV): logits differ by {} rms, "
+                            "{} at most",
+                            prompt.size(), figure(rms), figure(max_abs_diff(a, b)));
   });
 }
 

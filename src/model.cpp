@@ -97,7 +97,7 @@ std::shared_ptr<const Model> Model::load(const std::string& dir, const ModelPara
   m->checkpoint_ = std::move(checkpoint);
   m->weights_ = std::move(weights);
   if (params.backend == Backend::cpu) cpu::prepare_weights(*m, params.progress);
-  else prepare_cuda_weights(*m, 0, params.progress);
+  else prepare_cuda_weights(*m, params.device, params.progress);
   return m;
 }
 

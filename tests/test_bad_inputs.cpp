@@ -674,6 +674,13 @@ TEST_CASE("context parameters out of range are refused before anything is alloca
                [&] { make([](ContextParams& p) { p.max_rollback_tokens = 65; }); });
   expect_error("params.state_dtype", Status::invalid_argument, "state_dtype must be F32 or BF16, got F16",
                [&] { make([](ContextParams& p) { p.state_dtype = DType::f16; }); });
+  expect_error("params.chunk_min_zero", Status::invalid_argument, "gdn_chunk_min_tokens must be positive, got 0",
+               [&] { make([](ContextParams& p) { p.gdn_chunk_min_tokens = 0; }); });
+  expect_error("params.backend_unknown", Status::invalid_argument, "backend must be cpu or cuda, got 7",
+               [&] { make([](ContextParams& p) { p.backend = static_cast<Backend>(7); }); });
+  // This suite runs where there is no GPU (or no nvcc): the reason is in the message.
+  expect_error("params.cuda_without_device", Status::backend_unavailable, "the CUDA backend is not available",
+               [&] { make([](ContextParams& p) { p.backend = Backend::cuda; }); });
   // Regression: 2^40 pages used to be multiplied out and allocated (page ids are int32).
   expect_error("params.kv_pool_absurd", Status::out_of_capacity, "page ids are 32-bit",
                [&] { make([](ContextParams& p) { p.kv_pages = std::int64_t{1} << 40; }); });

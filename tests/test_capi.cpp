@@ -392,9 +392,21 @@ TEST_CASE("parameter structs: defaults, sizes, newer and older callers", "[capi]
   CModel cm("qwen35_tied");
   gdn_context* ctx = nullptr;
 
+  SECTION("the CUDA backend where there is no GPU: BACKEND_UNAVAILABLE with the reason") {
+    gdn_context_params p = small_c_params();
+    p.backend = GDN_BACKEND_CUDA;
+    CHECK(gdn_context_create(cm.m, &p, &ctx) == GDN_STATUS_BACKEND_UNAVAILABLE);
+    CHECK_THAT(last_error(), Catch::Contains("the CUDA backend is not available"));
+    CHECK(ctx == nullptr);
+    gdn_model_params mp = gdn_model_default_params();
+    mp.backend = GDN_BACKEND_CUDA;
+    gdn_model* m = nullptr;
+    CHECK(gdn_model_load(test::fixture_model("qwen35_tied").c_str(), &mp, &m) == GDN_STATUS_BACKEND_UNAVAILABLE);
+    CHECK(m == nullptr);
+  }
   SECTION("wrong size") {
     gdn_context_params bad = small_c_params();
-    for (const std::uint32_t size : {0u, 1u, 8u, static_cast<std::uint32_t>(sizeof bad - 8), 1u << 20}) {
+    for (const std::uint32_t size : {0u, 1u, 8u, static_cast<std::uint32_t>(offsetof(gdn_context_params, backend)), 1u << 20}) {
       bad.size = size;
       CHECK(gdn_context_create(cm.m, &bad, &ctx) == GDN_STATUS_INVALID_ARGUMENT);
       CHECK_THAT(last_error(), Catch::Contains("wrong-size parameter struct"));

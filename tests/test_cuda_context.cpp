@@ -38,7 +38,7 @@ using namespace gdn;
 
 namespace {
 
-const std::string tiny_dir = std::string(GDN_SOURCE_DIR) + "/models/gdn-tiny";
+const std::string tiny_dir = test::source_dir() + "/models/gdn-tiny";
 
 // The CUDA backend, or a visible skip.
 bool have_cuda() {

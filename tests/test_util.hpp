@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -14,9 +15,19 @@
 
 namespace gdn::test {
 
-inline std::string fixture_model(const std::string& name) { return std::string(GDN_FIXTURES_DIR) + "/models/" + name; }
+// The source tree, as built; GDN_SOURCE_DIR in the environment overrides it (binaries carried to
+// another machine, scripts/device-check.sh).
+inline std::string source_dir() {
+  const char* e = std::getenv("GDN_SOURCE_DIR");
+  return e != nullptr ? std::string(e) : std::string(GDN_SOURCE_DIR);
+}
+inline std::string fixtures_dir() {
+  const char* e = std::getenv("GDN_SOURCE_DIR");
+  return e != nullptr ? std::string(e) + "/tests/fixtures" : std::string(GDN_FIXTURES_DIR);
+}
+inline std::string fixture_model(const std::string& name) { return fixtures_dir() + "/models/" + name; }
 inline std::string fixture_reference(const std::string& name) {
-  return std::string(GDN_FIXTURES_DIR) + "/reference/" + name + ".safetensors";
+  return fixtures_dir() + "/reference/" + name + ".safetensors";
 }
 
 class Reference {

@@ -344,23 +344,26 @@ PYBIND11_MODULE(gdn, m) {
       .def_static(
           "load",
           [](const std::string& path, bool load_mtp, bool pack_weights, const std::string& weights,
-             const std::optional<std::string>& packed_image) {
+             const std::optional<std::string>& packed_image, gdn::Backend backend, int device) {
             gdn::ModelParams p;
             p.load_mtp = load_mtp;
             p.weights = placement_named(weights);
             if (!pack_weights) p.weights = gdn::WeightPlacement::in_place;
             if (packed_image) p.packed_image = *packed_image;
+            p.backend = backend;
+            p.device = device;
             py::gil_scoped_release nogil;
             return ModelHandle{gdn::Model::load(path, p)};
           },
           "path"_a, py::kw_only(), "load_mtp"_a = gdn::ModelParams{}.load_mtp, "pack_weights"_a = true, "weights"_a = "auto",
-          "packed_image"_a = py::none(),
+          "packed_image"_a = py::none(), "backend"_a = gdn::ModelParams{}.backend, "device"_a = gdn::ModelParams{}.device,
           "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped. "
-          "weights: 'auto' (a valid packed image when there is one, else packed at load when that fits the memory "
-          "available, else in place), 'pack' (packed at load, no image looked for), 'in_place' or 'image' (see "
-          "gdn/model/model.hpp, WeightPlacement); "
+          "weights (the CPU backend's; the CUDA backend uploads its own copy): 'auto' (a valid packed image when there "
+          "is one, else packed at load when that fits the memory available, else in place), 'pack' (packed at load, no "
+          "image looked for), 'in_place' or 'image' (see gdn/model/model.hpp, WeightPlacement); "
           "pack_weights=False is weights='in_place'. packed_image: the image file to look for (default "
-          "MODEL_DIR/gdn-packed.<layout>.gdnimg, what gdn.pack writes).")
+          "MODEL_DIR/gdn-packed.<layout>.gdnimg, what gdn.pack writes). "
+          "backend: whose form of the weights to make now (gdn.Backend.cuda: upload them to `device`).")
       .def_property_readonly("weights",
                              [](const ModelHandle& pm) {
                                const auto w = pm.model->weight_placement();
@@ -468,7 +471,7 @@ PYBIND11_MODULE(gdn, m) {
                             "back into the context its generation runs on raises gdn.BusyError.")
       .def(py::init([](const ModelHandle& pm, int max_sequences, int max_context, int kv_page_size, std::int64_t kv_pages,
                        int max_batch_tokens, int max_logits_rows, std::optional<gdn::DType> state_dtype, int threads,
-                       int gdn_chunk_min_tokens, int max_rollback_tokens, gdn::Backend backend,
+                       int gdn_chunk_min_tokens, int max_rollback_tokens, gdn::Backend backend, int device, bool cuda_graphs,
                        gdn::MatmulInput matmul_input) {
              gdn::ContextParams p;
              p.max_sequences = max_sequences;
@@ -482,6 +485,8 @@ PYBIND11_MODULE(gdn, m) {
              p.gdn_chunk_min_tokens = gdn_chunk_min_tokens;
              p.max_rollback_tokens = max_rollback_tokens;
              p.backend = backend;
+             p.device = device;
+             p.cuda_graphs = cuda_graphs;
              p.matmul_input = matmul_input;
              return std::make_unique<ContextHandle>(pm.model, p);
            }),
@@ -489,7 +494,7 @@ PYBIND11_MODULE(gdn, m) {
            "kv_page_size"_a = d.kv_page_size, "kv_pages"_a = d.kv_pages, "max_batch_tokens"_a = d.max_batch_tokens,
            "max_logits_rows"_a = d.max_logits_rows, "state_dtype"_a = py::none(), "threads"_a = d.threads,
            "gdn_chunk_min_tokens"_a = d.gdn_chunk_min_tokens, "max_rollback_tokens"_a = d.max_rollback_tokens,
-           "backend"_a = d.backend, "matmul_input"_a = d.matmul_input)
+           "backend"_a = d.backend, "device"_a = d.device, "cuda_graphs"_a = d.cuda_graphs, "matmul_input"_a = d.matmul_input)
       .def_property_readonly("model", [](const ContextHandle& c) { return ModelHandle{c.model}; })
       .def("hold", [](const ContextHandle& c) { return ContextHold{c.lock}; },
            "`with ctx.hold():` makes the calls of the block one turn: other threads wait until it ends. Nests; a "

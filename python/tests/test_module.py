@@ -242,6 +242,11 @@ def test_errors_are_exceptions_with_status_and_message():
         b.last_row(5)
     with pytest.raises(gdn.InvalidArgumentError):
         gdn.Context(m, max_sequences=0)
+    # No GPU where the tests run (or no nvcc when libgdn was built): the CUDA backend says why.
+    with pytest.raises(gdn.BackendUnavailableError, match="the CUDA backend is not available"):
+        gdn.Context(m, max_sequences=1, backend=gdn.Backend.cuda)
+    with pytest.raises(gdn.BackendUnavailableError):
+        gdn.Model.load(model_dir("qwen35_tied"), backend=gdn.Backend.cuda)
 
 
 def test_state_control_is_reachable():

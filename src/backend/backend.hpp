@@ -156,4 +156,14 @@ std::unique_ptr<BackendInterface> make_cuda_backend(std::shared_ptr<const Model>
 // rather than when the first CUDA context is created. Same errors as make_cuda_backend.
 void prepare_cuda_weights(const Model& model, int device, const std::function<void(std::size_t, std::size_t)>& progress);
 
+// Throws Error(backend_unavailable) with the reason when the CUDA backend cannot run on `device`.
+void require_cuda_device(int device);
+
+// For the benchmark (gdn bench --backend cuda): the device's copy bandwidth in bytes/s (read +
+// write of a device-to-device copy of `bytes`, the median of a few), and the model's device weight
+// matrices overwritten with random bf16 (so a sparse, all-zero checkpoint of a real model's shape
+// can be timed with realistic data). Same errors as make_cuda_backend.
+double measure_cuda_copy_bandwidth(int device, std::size_t bytes);
+void randomize_cuda_weights(const Model& model, int device, std::uint64_t seed);
+
 }  // namespace gdn

@@ -17,5 +17,8 @@ namespace {
 std::unique_ptr<BackendInterface> make_cuda_backend(std::shared_ptr<const Model>, const BackendParams&) { unavailable(); }
 
 void prepare_cuda_weights(const Model&, int, const std::function<void(std::size_t, std::size_t)>&) { unavailable(); }
+void require_cuda_device(int) { unavailable(); }
+double measure_cuda_copy_bandwidth(int, std::size_t) { unavailable(); }
+void randomize_cuda_weights(const Model&, int, std::uint64_t) { unavailable(); }
 
 }  // namespace gdn

@@ -22,8 +22,9 @@ foreach(f include/gdn.h include/gdn/gdn.hpp lib/libgdn.a lib/libgdn.so lib/cmake
 endforeach()
 
 set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
+# No -march (or any other) flags of our own: the consumer is built for the baseline CPU.
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build -G Ninja -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_PREFIX_PATH=${prefix} -DGDN_EXAMPLES_DIR=${SOURCE_DIR}/examples)
+    -DCMAKE_CXX_FLAGS= -DCMAKE_C_FLAGS= -DCMAKE_PREFIX_PATH=${prefix} -DGDN_EXAMPLES_DIR=${SOURCE_DIR}/examples)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build -j 2)
 
 set(reference)
@@ -48,3 +49,17 @@ if(NOT loaded_dir STREQUAL installed_libdir)
   message(FATAL_ERROR "consumer_pkgconfig does not load the installed libgdn.so:\n${out}")
 endif()
 message(STATUS "installed package: find_package(gdn) and pkg-config gdn both work")
+
+# The consumer's logits equal the in-tree tool's bit for bit.
+if(NOT EXISTS ${BUILD_DIR}/bin/gdn)
+  message(STATUS "no in-tree gdn tool (GDN_BUILD_TOOLS=OFF): the logits comparison is skipped")
+  return()
+endif()
+run(${WORK_DIR}/build/consumer_logits ${MODEL} ${WORK_DIR}/consumer_logits.npy)
+run(${BUILD_DIR}/bin/gdn logits ${MODEL} --tokens 1,2,3,40,41,42,100,7,9,11 --out ${WORK_DIR}/tool_logits.npy)
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK_DIR}/consumer_logits.npy ${WORK_DIR}/tool_logits.npy
+                RESULT_VARIABLE differ)
+if(differ)
+  message(FATAL_ERROR "the consumer's logits (built without -march) differ from the in-tree gdn logits")
+endif()
+message(STATUS "consumer built without -march flags: logits bit-identical to the in-tree build")

@@ -45,7 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include "alloc_count.hpp"
-#include "checkpoint_writer.hpp"
+#include "checkpoints.hpp"
 #include "commands.hpp"
 #include "backend/cpu/linear.hpp"
 #include "gdn/core/anonymous_memory.hpp"
@@ -447,7 +447,9 @@ int usage() {
       "  --sparse       with --shape: generate an all-zero checkpoint, holes on disk (sizes, not numerics)\n"
       "  --rounds N     with a peer: N head-to-head rounds of batch-1 prefill + decode, ours and the peer\n"
       "                 alternating, each bracketed by a bandwidth measurement (default 3)\n"
-      "  --float32-only measure only the default float32 matmul inputs (not also bf16 inputs)\n",
+      "  --float32-only measure only the default float32 matmul inputs (not also bf16 inputs)\n"
+      "  --write-checkpoint DIR [--sparse]  write the --shape's checkpoint (sparse: no data, reads as zeros) and stop\n"
+      "  --backend cuda the GPU benchmark instead (tools/gdn/bench_cuda.cpp)\n",
       stderr);
   return 2;
 }
@@ -456,6 +458,11 @@ int usage() {
 
 int bench(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines as they come, also through a pipe
+  for (int i = 0; i + 1 < argc; ++i)
+    if (std::string_view(argv[i]) == "--backend") {
+      if (parse_backend(argv[i + 1]) == Backend::cuda) return bench_cuda(argc, argv);
+      break;
+    }
   Options o;
   bool batches_set = false, contexts_set = false;
   for (int i = 0; i < argc; ++i) {
@@ -491,7 +498,15 @@ int bench(int argc, char** argv) {
     else if (a == "--shards" && v) o.shards = std::max(1, std::atoi(argv[++i]));
     else if (a == "--float32-only") o.bf16_inputs = false;
     else if (a == "--quick") o.quick = true;
-    else return usage();
+    else if (a == "--backend" && v) ++i;  // cpu
+    else if (a == "--write-checkpoint" && v) {
+      // Writes the --shape's checkpoint (random, or --sparse after it) and stops.
+      const std::string out_dir = argv[++i];
+      const bool sparse = o.sparse || (i + 1 < argc && std::string_view(argv[i + 1]) == "--sparse");
+      make_checkpoint(shape_for(o.shape), out_dir, {.sparse = sparse, .shards = o.shards});
+      fmt::print("wrote a {}{} checkpoint to {}\n", sparse ? "sparse " : "", o.shape, out_dir);
+      return 0;
+    } else return usage();
   }
   bool load_modes_set = false;
   for (int i = 0; i < argc; ++i) load_modes_set |= std::string_view(argv[i]) == "--load-modes";

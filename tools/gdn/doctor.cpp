@@ -1,5 +1,5 @@
-// gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--state-dtype f32|bf16] [--fault NAME]...
-//            [--pack | --in-place | --image FILE]
+// gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--state-dtype f32|bf16] [--backend cpu|cuda] [--fault NAME]...
+//            [--pack | --in-place | --image FILE]   (the CPU backend's weights; CUDA uploads its own copy)
 //
 // Self-check of a checkpoint and of this engine on it (include/gdn/diagnostics/doctor.hpp): prints
 // PASS / WARN / FAIL / SKIP per check with the measured figure, or the report as JSON on stdout
@@ -23,7 +23,7 @@ namespace gdn::cli {
 int doctor(int argc, char** argv) {
   const auto usage = [] {
     std::fputs("usage: gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--state-dtype f32|bf16] "
-               "[--fault drop-conv-state|tiled-value-heads] [--pack | --in-place | --image FILE]\n", stderr);
+               "[--backend cpu|cuda] [--fault drop-conv-state|tiled-value-heads] [--pack | --in-place | --image FILE]\n", stderr);
     return 2;
   };
   if (argc < 1) return usage();
@@ -37,6 +37,7 @@ int doctor(int argc, char** argv) {
     if (a == "--json") json = true;
     else if (a == "--quick") opt.quick = true;
     else if (a == "--threads" && has_value) opt.threads = std::atoi(argv[++i]);
+    else if (a == "--backend" && has_value) opt.backend = parse_backend(argv[++i]);
     else if (a == "--state-dtype" && has_value) {
       const std::string_view v = argv[++i];
       if (v == "f32") opt.state_dtype = DType::f32;

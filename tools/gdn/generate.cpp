@@ -1,6 +1,7 @@
 // gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--max-tokens N]
-//              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs] [--pack | --in-place | --image FILE]
+//              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs] [--backend cpu|cuda]
+//              [--pack | --in-place | --image FILE]   (the CPU backend's weights; CUDA uploads its own copy)
 //
 // Streams the generated text to stdout as it is produced; the model-loading progress bar and the
 // prefill / decode speeds go to stderr, so stdout is clean text.
@@ -30,12 +31,13 @@ int usage() {
       "usage: gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT]\n"
       "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
       "                    [--seed S] [--max-tokens N] [--stop STRING]... [--mtp K] [--threads N]\n"
-      "                    [--bf16-inputs] [--pack | --in-place | --image FILE]\n"
+      "                    [--bf16-inputs] [--backend cpu|cuda] [--pack | --in-place | --image FILE]\n"
       "  --chat      wrap the prompt in the model's chat template (stops at <|im_end|>)\n"
       "  --think     with --chat, leave thinking on (default: off)\n"
       "  --temp 0    greedy (the default); > 0 samples\n"
       "  --mtp K     speculative decoding with the checkpoint's MTP head, up to K drafts per step\n"
-      "  --bf16-inputs  round activations to bf16 before each projection (faster prefill on AVX-512-BF16)\n",
+      "  --bf16-inputs  round activations to bf16 before each projection (faster prefill on AVX-512-BF16)\n"
+      "  --backend   cpu (default) or cuda (an NVIDIA GPU: bf16 activations, see docs/cuda.md)\n",
       stderr);
   return 2;
 }
@@ -62,6 +64,7 @@ int generate(int argc, char** argv) {
   int threads = 0;
   MatmulInput matmul_input = MatmulInput::float32;
   ModelParams load_flags;
+  Backend backend = Backend::cpu;
   for (int i = 1; i < argc; ++i) {
     if (parse_load_flag(argc, argv, i, load_flags)) continue;
     const std::string_view a = argv[i];
@@ -81,6 +84,7 @@ int generate(int argc, char** argv) {
     else if (a == "--mtp" && v) gp.mtp_draft = std::stoi(argv[++i]);
     else if (a == "--threads" && v) threads = std::stoi(argv[++i]);
     else if (a == "--bf16-inputs") matmul_input = MatmulInput::bf16;
+    else if (a == "--backend" && v) backend = parse_backend(argv[++i]);
     else return usage();
   }
   if (prompt.empty()) return usage();
@@ -92,9 +96,10 @@ int generate(int argc, char** argv) {
   ModelParams mp;
   mp.weights = load_flags.weights;
   mp.packed_image = load_flags.packed_image;
-  mp.progress = progress_bar;  // packing the weights for the kernel reads them all
+  mp.backend = backend;
+  mp.progress = progress_bar;  // packing (or uploading) the weights reads them all
   auto model = Model::load(dir, mp);
-  model->prefetch(progress_bar);  // reads them when they were not packed
+  if (backend == Backend::cpu) model->prefetch(progress_bar);  // reads them when they were not packed
 
   std::string text = prompt;
   if (chat) {
@@ -118,6 +123,7 @@ int generate(int argc, char** argv) {
   cp.max_context = static_cast<int>(ids.size()) + gp.max_tokens + gp.mtp_draft + 2;
   cp.threads = threads;
   cp.matmul_input = matmul_input;
+  cp.backend = backend;
   cp.max_rollback_tokens = gp.mtp_draft > 0 ? gp.mtp_draft + 1 : 0;
   cp.max_batch_tokens = std::max(256, cp.max_rollback_tokens);
   Context ctx(model, cp);

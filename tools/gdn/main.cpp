@@ -3,7 +3,7 @@
 //   gdn info MODEL_DIR [...]                             architecture, parameters, memory plan (info.cpp)
 //   gdn logits MODEL_DIR --tokens 1,2,3 [--out F.npy]    logits of every prompt position
 //   gdn pack MODEL_DIR [--out FILE]                      the packed weight image loading maps (pack.cpp)
-//   gdn make-checkpoint --shape S [--sparse] DIR         a checkpoint of a real model's shapes (checkpoint_writer.cpp)
+//   gdn make-checkpoint --shape S [--sparse] DIR         a checkpoint of a real model's shapes (checkpoints.cpp)
 //   gdn generate MODEL_DIR --prompt TEXT [...]           streamed text (see generate.cpp)
 //   gdn speculate MODEL_DIR [...]                        MTP speculative decoding figures (speculate.cpp)
 //   gdn doctor MODEL_DIR [--json] [--quick]              self-check; exit status 1 on any FAIL (see doctor.cpp)
@@ -31,7 +31,7 @@
 
 #include "gdn/gdn.hpp"
 #include "gdn/io/npy.hpp"
-#include "checkpoint_writer.hpp"
+#include "checkpoints.hpp"
 #include "commands.hpp"
 #include "load_flags.hpp"
 #include "run_stats.hpp"
@@ -43,13 +43,16 @@ int usage() {
       "usage:\n"
       "  gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--backend cpu|cuda] [--json]\n"
       "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16] [--stats]\n"
+      "                      [--backend cpu|cuda]\n"
       "  gdn pack MODEL_DIR [--out FILE]   the packed weight image (then mapped by every load)\n"
       "  gdn make-checkpoint --shape 0.8b|2b|27b|tiny [--sparse] [--shards N] DIR\n"
-      "  (every command that loads a model takes --pack | --in-place | --image FILE)\n"
+      "  (every command that loads a model takes --pack | --in-place | --image FILE: the CPU backend's weights;\n"
+      "   --backend cuda uploads its own copy to the device and ignores them)\n"
       "  gdn generate MODEL_DIR --prompt TEXT [--chat] [--temp T] [--top-p P] [--seed S] [--max-tokens N] [--mtp K]\n"
+      "                        [--backend cpu|cuda]\n"
       "  gdn speculate MODEL_DIR [--prompts FILE] [--k K]...   MTP acceptance and speedup vs plain decoding\n"
-      "  gdn doctor MODEL_DIR [--json] [--quick] [--threads N]\n"
-      "  gdn bench [--shape 0.8b|2b | --model DIR] [--quick] [--json FILE] [--peer-python PY] (see bench.cpp)\n",
+      "  gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--backend cpu|cuda]\n"
+      "  gdn bench [--shape 0.8b|2b|27b | --model DIR] [--backend cpu|cuda] [--quick] [--json FILE] (see bench.cpp)\n",
       stderr);
   return 2;
 }
@@ -86,6 +89,7 @@ int cmd_logits(const std::string& dir, int argc, char** argv) {
     else if (a == "--tokens" && has_value) tokens = parse_tokens(argv[++i]);
     else if (a == "--out" && has_value) out = argv[++i];
     else if (a == "--threads" && has_value) p.threads = std::atoi(argv[++i]);
+    else if (a == "--backend" && has_value) load.backend = p.backend = gdn::cli::parse_backend(argv[++i]);
     else if (a == "--state-dtype" && has_value) {
       const std::string_view v = argv[++i];
       if (v == "f32") p.state_dtype = gdn::DType::f32;

@@ -48,6 +48,7 @@ struct ModelParams {
   // CUDA backend's device copy (on device 0). Any other backend makes its form when its first
   // context is created.
   Backend backend = Backend::cpu;
+  int device = 0;  // the CUDA device the load uploads to (backend cuda)
   // Where the CPU backend reads the projections from (see WeightPlacement).
   WeightPlacement weights = WeightPlacement::automatic;
   // The packed image to look for (automatic, image): empty means

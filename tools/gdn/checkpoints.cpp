@@ -1,6 +1,6 @@
-// Checkpoints with real models' shapes (checkpoint_writer.hpp).
+// Checkpoints with real models' shapes (checkpoints.hpp).
 
-#include "checkpoint_writer.hpp"
+#include "checkpoints.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,0 +1,22 @@
+# Every CUDA kernel declares __launch_bounds__: ptxas then fits its registers to its block size on
+# every architecture the fat binary carries, so no launch fails for lack of registers on a smaller
+# GPU. Run as: cmake -DCUDA_DIR=... -P check_launch_bounds.cmake
+file(GLOB kernels "${CUDA_DIR}/*.cuh")
+set(missing "")
+foreach(f IN LISTS kernels)
+  file(STRINGS "${f}" lines REGEX "__global__")
+  foreach(line IN LISTS lines)
+    if(line MATCHES "^ *//")
+      continue()
+    endif()
+    if(NOT line MATCHES "__launch_bounds__")
+      list(APPEND missing "${f}: ${line}")
+    endif()
+  endforeach()
+endforeach()
+if(missing)
+  string(REPLACE ";" "\n  " missing "${missing}")
+  message(FATAL_ERROR "kernels without __launch_bounds__:\n  ${missing}")
+endif()
+list(LENGTH kernels n)
+message(STATUS "every __global__ in ${n} kernel headers declares __launch_bounds__")
