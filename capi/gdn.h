@@ -183,19 +183,33 @@ GDN_API const char *gdn_last_error(void);
 /* ------------------------------------------------------------------------------------------ */
 /* Model */
 
+/* Where the CPU backend reads the bf16 projections from (values equal gdn::WeightPlacement; see
+ * gdn/model/model.hpp). AUTOMATIC (default): a valid packed image file (gdn_packed_image_write, `gdn pack`)
+ * when there is one, else packed into anonymous memory at load when that fits the memory this process can
+ * get, else read in place from the mapped checkpoint; a slower choice, or a refused image, is explained in
+ * one line on stderr. PACKED: packed at load (no image looked for); OUT_OF_CAPACITY when the copy does not fit.
+ * IN_PLACE: never packed nor mapped from an image. IMAGE: the image is required (IO_ERROR / INVALID_FILE). */
+typedef enum gdn_weight_placement {
+    GDN_WEIGHTS_AUTOMATIC = 0,
+    GDN_WEIGHTS_PACKED = 1,
+    GDN_WEIGHTS_IN_PLACE = 2,
+    GDN_WEIGHTS_IMAGE = 3
+} gdn_weight_placement;
+
 typedef struct gdn_model_params {
     uint32_t size;     /* sizeof(gdn_model_params) */
     bool load_mtp;     /* bind the checkpoint's multi-token-prediction head when it has one (default true) */
-    /* Added after 0.1.0 (a caller compiled before it gets the default). Nonzero: use the weights in place
-       from the mapped checkpoint. Zero (default): when the CPU's projection kernel is AMX or AVX-512, copy
-       the bf16 projections into the order it reads them at load (decode streams them sequentially; costs
-       the weights' size in anonymous memory, the checkpoint's pages of them are let go). */
+    /* Added after 0.1.0 (a caller compiled before it gets the default). Nonzero: the same as
+       weights = GDN_WEIGHTS_IN_PLACE. */
     uint32_t weights_in_place;
     /* Added after 0.1.0. The backend whose form of the weights the load makes (GDN_BACKEND_CPU: the packed
        images above; GDN_BACKEND_CUDA: a copy on `device`, BACKEND_UNAVAILABLE without one); contexts of the
        other backend make theirs when they are created. */
     gdn_backend backend;
     int32_t device;                /* CUDA device ordinal (0) */
+    /* Added after 0.1.0. */
+    gdn_weight_placement weights;  /* GDN_WEIGHTS_AUTOMATIC (default) */
+    const char *packed_image;      /* the image AUTOMATIC / IMAGE look for; NULL: MODEL_DIR/gdn-packed.<layout>.gdnimg */
 } gdn_model_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */
@@ -217,6 +231,15 @@ GDN_API gdn_status gdn_model_load(const char *path, const gdn_model_params *para
 
 /* Releases the caller's reference; contexts created from the model keep it alive. NULL: no-op. */
 GDN_API void gdn_model_free(gdn_model *model);
+
+/* What loading chose for the CPU backend: PACKED, IMAGE or IN_PLACE. */
+GDN_API gdn_status gdn_model_get_weight_placement(const gdn_model *model, gdn_weight_placement *out_placement);
+
+/* Writes the packed weight image of the checkpoint in model_path to out_path (NULL: where loading looks
+ * for it, MODEL_DIR/gdn-packed.<layout>.gdnimg); later loads map it instead of packing (`gdn pack`).
+ * UNSUPPORTED_MODEL when this CPU's kernel reads weights in place (AVX2, scalar), IO_ERROR, and the
+ * errors of gdn_model_load. */
+GDN_API gdn_status gdn_packed_image_write(const char *model_path, const char *out_path);
 
 /* The text model's configuration. Strings and arrays point into the model and stay valid until
  * gdn_model_free. */
@@ -306,6 +329,38 @@ typedef struct gdn_context_memory {
 
 /* Fills *out_memory (out_memory->size must be set). */
 GDN_API gdn_status gdn_context_get_memory(const gdn_context *ctx, gdn_context_memory *out_memory);
+
+/* The memory plan of contexts made with context_params from the checkpoint in `path` loaded with
+ * model_params (either may be NULL: defaults), from config.json and the safetensors headers only: no
+ * weight is mapped or read (gdn/model/memory_plan.hpp; `gdn info`). Bytes throughout. CPU figures are
+ * what a context allocates; CUDA ones are computed from sizes (bf16 weights and KV, float32 GDN state,
+ * bf16 conv history, max_rollback_tokens + 1 state snapshots per slot). */
+typedef struct gdn_memory_plan {
+    uint32_t size;                            /* set by the caller: sizeof(gdn_memory_plan) */
+    gdn_weight_placement weights;             /* what loading would choose now */
+    int64_t weight_bytes;                     /* the checkpoint tensors the model reads */
+    int64_t packed_bytes;                     /* their projections in the CPU kernel's order (0: none) */
+    int64_t weights_anonymous_bytes;          /* anonymous memory for weights (a packed copy, float vectors) */
+    int64_t weights_mapped_bytes;             /* file pages decode reads through mappings (page cache) */
+    int64_t device_weight_bytes;              /* CUDA */
+    int64_t gdn_recurrent_bytes_per_sequence;
+    int64_t gdn_conv_bytes_per_sequence;
+    int64_t kv_bytes_per_token;
+    int64_t kv_pages;
+    int64_t kv_bytes;
+    int64_t rollback_bytes_per_sequence;
+    int64_t scratch_bytes;                    /* work buffers and per-thread scratch */
+    int64_t output_bytes;                     /* logits and hidden rows */
+    int64_t context_bytes;                    /* everything a context allocates */
+    int64_t host_bytes;                       /* CPU: weights (anonymous + mapped) + context */
+    int64_t device_bytes;                     /* CUDA: weights + context */
+    int64_t available_bytes;                  /* memory this process can get now */
+    bool fits;                                /* host_bytes <= available_bytes */
+    bool context_fits;                        /* the anonymous part fits: creating the context succeeds */
+} gdn_memory_plan;
+
+GDN_API gdn_status gdn_memory_plan_compute(const char *path, const gdn_model_params *model_params,
+                                           const gdn_context_params *context_params, gdn_memory_plan *out_plan);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Sequences */

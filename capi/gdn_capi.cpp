@@ -22,6 +22,8 @@
 
 #include "gdn/gdn.hpp"
 #include "gdn/diagnostics/doctor.hpp"
+#include "gdn/model/memory_plan.hpp"
+#include "gdn/model/packed_image.hpp"
 #include "gdn/io/tokenizer.hpp"
 #include "gdn/runtime/generator.hpp"
 #include "gdn/runtime/sampling.hpp"
@@ -189,6 +191,7 @@ constexpr std::uint32_t model_params_v1 = GDN_END_OF(gdn_model_params, load_mtp)
 constexpr std::uint32_t context_params_v1 = GDN_END_OF(gdn_context_params, backend);
 constexpr std::uint32_t model_config_v1 = GDN_END_OF(gdn_model_config, model_type);
 constexpr std::uint32_t context_memory_v1 = GDN_END_OF(gdn_context_memory, rollback_bytes_per_sequence);
+constexpr std::uint32_t memory_plan_v1 = GDN_END_OF(gdn_memory_plan, context_fits);
 #undef GDN_END_OF
 
 void check_size(std::uint32_t size, std::uint32_t v1, const char* type) {
@@ -274,6 +277,52 @@ void init_struct(S* p, const S& defaults, std::uint32_t v1, const char* type) {
   write_struct(p, defaults, v1, type);
 }
 
+gdn::ContextParams to_cpp(const gdn_context_params& p) {
+  gdn::ContextParams cp;
+  cp.max_sequences = p.max_sequences;
+  cp.max_context = p.max_context;
+  cp.kv_page_size = p.kv_page_size;
+  cp.kv_pages = p.kv_pages;
+  cp.max_batch_tokens = p.max_batch_tokens;
+  cp.max_logits_rows = p.max_logits_rows;
+  switch (enum_int(p.state_dtype)) {
+    case GDN_STATE_DTYPE_DEFAULT: break;
+    case GDN_STATE_DTYPE_F32: cp.state_dtype = gdn::DType::f32; break;
+    case GDN_STATE_DTYPE_BF16: cp.state_dtype = gdn::DType::bf16; break;
+    default: invalid("state_dtype " + std::to_string(enum_int(p.state_dtype)) + " is not a gdn_state_dtype");
+  }
+  cp.threads = p.threads;
+  cp.gdn_chunk_min_tokens = p.gdn_chunk_min_tokens;
+  cp.max_rollback_tokens = p.max_rollback_tokens;
+  cp.backend = to_backend(p.backend);
+  cp.device = p.device;
+  cp.cuda_graphs = p.cuda_graphs;
+  switch (enum_int(p.matmul_input)) {
+    case GDN_MATMUL_INPUT_FLOAT32: cp.matmul_input = gdn::MatmulInput::float32; break;
+    case GDN_MATMUL_INPUT_BF16: cp.matmul_input = gdn::MatmulInput::bf16; break;
+    default: invalid("matmul_input " + std::to_string(enum_int(p.matmul_input)) + " is not a gdn_matmul_input");
+  }
+  return cp;
+}
+
+gdn::ModelParams to_cpp(const gdn_model_params& p) {
+  gdn::ModelParams mp;
+  mp.load_mtp = p.load_mtp;
+  switch (enum_int(p.weights)) {
+    case GDN_WEIGHTS_AUTOMATIC: break;
+    case GDN_WEIGHTS_PACKED: mp.weights = gdn::WeightPlacement::packed; break;
+    case GDN_WEIGHTS_IN_PLACE: mp.weights = gdn::WeightPlacement::in_place; break;
+    case GDN_WEIGHTS_IMAGE: mp.weights = gdn::WeightPlacement::image; break;
+    default: invalid("weights " + std::to_string(enum_int(p.weights)) + " is not a gdn_weight_placement");
+  }
+  if (p.weights_in_place != 0) mp.weights = gdn::WeightPlacement::in_place;
+  if (p.packed_image != nullptr) mp.packed_image = p.packed_image;
+  mp.backend = to_backend(p.backend);  // CUDA uploads its own copy; weights / packed_image are the CPU backend's
+  if (p.device < 0) invalid("device " + std::to_string(p.device) + " is negative");
+  mp.device = p.device;
+  return mp;
+}
+
 gdn_state_dtype to_c(gdn::DType t) {
   switch (t) {
     case gdn::DType::f32: return GDN_STATE_DTYPE_F32;
@@ -328,15 +377,64 @@ gdn_status gdn_model_load(const char* path, const gdn_model_params* params, gdn_
     if (path == nullptr) invalid("path is NULL");
     gdn_model_params p = default_model_params();
     read_struct(params, p, model_params_v1, "gdn_model_params");
-    gdn::ModelParams mp;
-    mp.load_mtp = p.load_mtp;
-    mp.pack_weights = p.weights_in_place == 0;
-    mp.backend = to_backend(p.backend);
-    if (p.device < 0) invalid("device " + std::to_string(p.device) + " is negative");
-    mp.device = p.device;
+    const gdn::ModelParams mp = to_cpp(p);
     auto handle = std::make_unique<gdn_model>();
     handle->model = gdn::Model::load(path, mp);
     *out_model = handle.release();
+  });
+}
+
+gdn_status gdn_model_get_weight_placement(const gdn_model* model, gdn_weight_placement* out_placement) {
+  return guard("gdn_model_get_weight_placement", [&] {
+    check(model);
+    check_out(out_placement, "out_placement");
+    *out_placement = static_cast<gdn_weight_placement>(static_cast<int>(model->model->weight_placement()));
+  });
+}
+
+gdn_status gdn_memory_plan_compute(const char* path, const gdn_model_params* model_params,
+                                   const gdn_context_params* context_params, gdn_memory_plan* out_plan) {
+  return guard("gdn_memory_plan_compute", [&] {
+    if (path == nullptr) invalid("path is NULL");
+    check_out(out_plan, "out_plan");
+    gdn_model_params mp = default_model_params();
+    read_struct(model_params, mp, model_params_v1, "gdn_model_params");
+    gdn_context_params cp = default_context_params();
+    read_struct(context_params, cp, context_params_v1, "gdn_context_params");
+    const gdn::MemoryPlan plan = gdn::plan_memory(path, to_cpp(cp), to_cpp(mp));
+    gdn_memory_plan v;
+    std::memset(&v, 0, sizeof v);
+    v.size = sizeof v;
+    v.weights = static_cast<gdn_weight_placement>(static_cast<int>(plan.weights));
+    v.weight_bytes = plan.weight_bytes;
+    v.packed_bytes = plan.packed_bytes;
+    v.weights_anonymous_bytes = plan.weights_anonymous_bytes;
+    v.weights_mapped_bytes = plan.weights_mapped_bytes;
+    v.device_weight_bytes = plan.device_weight_bytes;
+    v.gdn_recurrent_bytes_per_sequence = plan.gdn_recurrent_bytes_per_sequence;
+    v.gdn_conv_bytes_per_sequence = plan.gdn_conv_bytes_per_sequence;
+    v.kv_bytes_per_token = plan.kv_bytes_per_token;
+    v.kv_pages = plan.kv_pages;
+    v.kv_bytes = plan.kv_bytes;
+    v.rollback_bytes_per_sequence = plan.rollback_bytes_per_sequence;
+    v.scratch_bytes = plan.scratch_bytes;
+    v.output_bytes = plan.output_bytes;
+    v.context_bytes = plan.context_bytes;
+    v.host_bytes = plan.host_bytes;
+    v.device_bytes = plan.device_bytes;
+    v.available_bytes = plan.memory.available;
+    v.fits = plan.fits;
+    v.context_fits = plan.context_fits;
+    write_struct(out_plan, v, memory_plan_v1, "gdn_memory_plan");
+  });
+}
+
+gdn_status gdn_packed_image_write(const char* model_path, const char* out_path) {
+  return guard("gdn_packed_image_write", [&] {
+    if (model_path == nullptr) invalid("model_path is NULL");
+    gdn::PackImageOptions o;
+    if (out_path != nullptr) o.out = out_path;
+    gdn::write_packed_image(model_path, o);
   });
 }
 
@@ -396,30 +494,7 @@ gdn_status gdn_context_create(gdn_model* model, const gdn_context_params* params
     check(model);
     gdn_context_params p = default_context_params();
     read_struct(params, p, context_params_v1, "gdn_context_params");
-    gdn::ContextParams cp;
-    cp.max_sequences = p.max_sequences;
-    cp.max_context = p.max_context;
-    cp.kv_page_size = p.kv_page_size;
-    cp.kv_pages = p.kv_pages;
-    cp.max_batch_tokens = p.max_batch_tokens;
-    cp.max_logits_rows = p.max_logits_rows;
-    switch (enum_int(p.state_dtype)) {
-      case GDN_STATE_DTYPE_DEFAULT: break;
-      case GDN_STATE_DTYPE_F32: cp.state_dtype = gdn::DType::f32; break;
-      case GDN_STATE_DTYPE_BF16: cp.state_dtype = gdn::DType::bf16; break;
-      default: invalid("state_dtype " + std::to_string(enum_int(p.state_dtype)) + " is not a gdn_state_dtype");
-    }
-    cp.threads = p.threads;
-    cp.gdn_chunk_min_tokens = p.gdn_chunk_min_tokens;
-    cp.max_rollback_tokens = p.max_rollback_tokens;
-    cp.backend = to_backend(p.backend);
-    cp.device = p.device;
-    cp.cuda_graphs = p.cuda_graphs;
-    switch (enum_int(p.matmul_input)) {
-      case GDN_MATMUL_INPUT_FLOAT32: cp.matmul_input = gdn::MatmulInput::float32; break;
-      case GDN_MATMUL_INPUT_BF16: cp.matmul_input = gdn::MatmulInput::bf16; break;
-      default: invalid("matmul_input " + std::to_string(enum_int(p.matmul_input)) + " is not a gdn_matmul_input");
-    }
+    const gdn::ContextParams cp = to_cpp(p);
     auto handle = std::make_unique<gdn_context>();
     handle->ctx = std::make_shared<gdn::Context>(model->model, cp);
     *out_ctx = handle.release();

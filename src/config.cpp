@@ -164,6 +164,9 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view what
   c.num_attention_heads = f.positive("num_attention_heads");
   c.num_key_value_heads = f.positive("num_key_value_heads");
   c.head_dim = f.has("head_dim") ? f.positive("head_dim") : c.hidden_size / c.num_attention_heads;
+  if (c.head_dim <= 0)
+    f.fail(Status::invalid_file, "head_dim",
+           fmt::format("is missing, and hidden_size / num_attention_heads ({} / {}) is 0", c.hidden_size, c.num_attention_heads));
   c.linear_num_key_heads = f.positive("linear_num_key_heads");
   c.linear_num_value_heads = f.positive("linear_num_value_heads");
   c.linear_key_head_dim = f.positive("linear_key_head_dim");

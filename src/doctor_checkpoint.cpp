@@ -306,7 +306,7 @@ void check_tokenizer(DoctorSubject& s, CheckRecorder& rec) {
 void check_tensors(DoctorSubject& s, CheckRecorder& rec, const io::Checkpoint* ck) {
   rec.run("config.weights", [&](DoctorCheck& c) {
     try {
-      ModelParams mp;
+      ModelParams mp = s.options.load;
       mp.backend = s.options.backend;  // a CUDA doctor uploads the weights instead of packing them
       s.model = Model::load(s.dir, mp);
     } catch (const Error& e) {

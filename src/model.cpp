@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <span>
+#include <vector>
 
 #include "gdn/io/safetensors.hpp"
 
@@ -21,23 +23,56 @@ struct Model::Prepared {
 Model::Model() : prepared_(std::make_unique<Prepared>()) {}
 Model::~Model() = default;
 
+const char* weight_placement_name(WeightPlacement p) noexcept {
+  switch (p) {
+    case WeightPlacement::automatic: return "automatic";
+    case WeightPlacement::packed: return "packed";
+    case WeightPlacement::in_place: return "in place";
+    case WeightPlacement::image: return "image";
+  }
+  return "?";
+}
+
+namespace {
+const cpu::PreparedWeights* cpu_weights(const Model& m) {
+  const auto cpu = detail::ModelInternals::find_prepared(m, cpu::prepared_weights_key);
+  return static_cast<const cpu::PreparedWeights*>(cpu.get());  // the Model keeps it alive
+}
+}  // namespace
+
 std::size_t Model::packed_bytes() const noexcept {
-  const auto cpu = detail::ModelInternals::find_prepared(*this, cpu::prepared_weights_key);
-  return cpu ? static_cast<const cpu::PreparedWeights*>(cpu.get())->packed.size() : 0;
+  const auto* w = cpu_weights(*this);
+  return w ? w->image_bytes : 0;
+}
+
+WeightPlacement Model::weight_placement() const noexcept {
+  const auto* w = cpu_weights(*this);
+  return w ? w->placement : WeightPlacement::in_place;
+}
+
+std::string Model::weight_notice() const {
+  const auto* w = cpu_weights(*this);
+  return w ? w->notice : std::string();
+}
+
+std::string Model::packed_image_path() const {
+  const auto* w = cpu_weights(*this);
+  return w && w->image ? w->image->path() : std::string();
 }
 
 void Model::prefetch(const std::function<void(std::size_t, std::size_t)>& progress) const {
+  // What decode reads: the mapped image, or the checkpoint (weights read in place; the embedding).
+  std::vector<std::span<const std::byte>> ranges;
+  const auto* w = cpu_weights(*this);
+  if (w != nullptr && w->image) ranges.push_back(w->image->bytes());
   std::size_t total = 0, done = 0;
-  for (std::size_t i = 0; i < checkpoint_->shard_count(); ++i) total += checkpoint_->shard_bytes(i).size();
+  if (w == nullptr || w->placement == WeightPlacement::in_place)
+    for (std::size_t i = 0; i < checkpoint_->shard_count(); ++i) ranges.push_back(checkpoint_->shard_bytes(i));
+  for (const auto& r : ranges) total += r.size();
   constexpr std::size_t chunk = 64u << 20, page = 4096;
   volatile unsigned char sink = 0;
-  if (packed_bytes() > 0) {
-    if (progress) progress(total, total);
-    return;
-  }
   if (progress) progress(0, total);
-  for (std::size_t i = 0; i < checkpoint_->shard_count(); ++i) {
-    const auto bytes = checkpoint_->shard_bytes(i);
+  for (const auto& bytes : ranges) {
     for (std::size_t off = 0; off < bytes.size(); off += chunk) {
       const std::size_t end = std::min(bytes.size(), off + chunk);
       for (std::size_t p = off; p < end; p += page) sink = sink + static_cast<unsigned char>(bytes[p]);
@@ -45,6 +80,7 @@ void Model::prefetch(const std::function<void(std::size_t, std::size_t)>& progre
       if (progress) progress(done, total);
     }
   }
+  if (progress && total == 0) progress(0, 0);
   (void)sink;
 }
 

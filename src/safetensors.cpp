@@ -1,6 +1,12 @@
 #include "gdn/io/safetensors.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -78,11 +84,17 @@ DType parse_dtype(std::string_view name, std::string_view what) {
 }
 
 SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file, std::string_view what) {
-  if (file.size() < 8) bad(what, fmt::format("file is {} bytes, shorter than the 8-byte header length", file.size()));
-  const std::uint64_t n = read_le64(file.data());
+  return parse_safetensors_header(file, file.size(), what);
+}
+
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size, std::string_view what) {
+  if (file_size < 8 || head.size() < 8)
+    bad(what, fmt::format("file is {} bytes, shorter than the 8-byte header length", file_size));
+  const std::uint64_t n = read_le64(head.data());
   if (n > max_header_bytes) bad(what, fmt::format("header length {} exceeds the {} byte limit", n, max_header_bytes));
-  if (n > file.size() - 8) bad(what, fmt::format("header length {} runs past the end of the {}-byte file", n, file.size()));
-  const char* text = reinterpret_cast<const char*>(file.data() + 8);
+  if (n > file_size - 8) bad(what, fmt::format("header length {} runs past the end of the {}-byte file", n, file_size));
+  if (n > head.size() - 8) throw Error(Status::internal, fmt::format("{}: safetensors header passed without its JSON", what));
+  const char* text = reinterpret_cast<const char*>(head.data() + 8);
 
   // Duplicate top-level names would silently shadow each other in a JSON object; detect them.
   std::set<std::string> seen;
@@ -105,7 +117,7 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file, std:
 
   SafetensorsHeader h;
   h.data_offset = 8 + n;
-  const std::uint64_t data_size = file.size() - h.data_offset;
+  const std::uint64_t data_size = file_size - h.data_offset;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& name = it.key();
     const json& v = it.value();
@@ -165,7 +177,78 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file, std:
   return h;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(Status::io_error, fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error(Status::io_error, fmt::format("'{}' is not a regular file", path));
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  const auto read_at = [&](std::byte* dst, std::uint64_t n, std::uint64_t at) {
+    std::uint64_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(at + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) throw Error(Status::io_error, fmt::format("cannot read '{}': {}", path, r < 0 ? std::strerror(errno) : "short read"));
+      done += static_cast<std::uint64_t>(r);
+    }
+  };
+  std::vector<std::byte> head(static_cast<std::size_t>(std::min<std::uint64_t>(size, 8)));
+  read_at(head.data(), head.size(), 0);
+  if (size >= 8) {
+    const std::uint64_t n = read_le64(head.data());
+    // Lengths past the limit or the file are refused by the parser; only a plausible one is read.
+    if (n <= max_header_bytes && n <= size - 8) {
+      head.resize(static_cast<std::size_t>(8 + n));
+      read_at(head.data() + 8, n, 8);
+    }
+  }
+  return parse_safetensors_header(head, size, path);
+}
+
+CheckpointFiles checkpoint_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  if (!fs::is_directory(root)) throw Error(Status::io_error, fmt::format("'{}' is not a directory", dir));
+  const fs::path index = root / "model.safetensors.index.json";
+  CheckpointFiles out;
+  if (fs::exists(index)) {
+    out.index_path = index.string();
+    std::ifstream in(index);
+    if (!in) throw Error(Status::io_error, fmt::format("cannot read '{}'", index.string()));
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(Status::invalid_file, fmt::format("{}: not valid JSON ({})", index.string(), e.what()));
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw Error(Status::invalid_file, fmt::format("{}: missing the 'weight_map' object", index.string()));
+    std::set<std::string> unique;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        throw Error(Status::invalid_file, fmt::format("{}: weight_map['{}'] is not a file name", index.string(), it.key()));
+      const std::string shard = it.value().get<std::string>();
+      // Shards must be plain file names inside the checkpoint directory.
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
+        throw Error(Status::invalid_file, fmt::format("{}: shard name '{}' is not a file in the directory", index.string(), shard));
+      out.weight_map[it.key()] = shard;
+      if (unique.insert(shard).second) out.shards.push_back(shard);
+    }
+  } else if (fs::exists(root / "model.safetensors")) {
+    out.shards.push_back("model.safetensors");
+  } else {
+    throw Error(Status::io_error,
+                fmt::format("'{}' has neither model.safetensors nor model.safetensors.index.json", dir));
+  }
+  std::sort(out.shards.begin(), out.shards.end());
+  return out;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path, /*huge_pages=*/true) {
   header_ = parse_safetensors_header(file_.bytes(), path);
   for (std::size_t i = 0; i < header_.tensors.size(); ++i) index_.emplace(header_.tensors[i].name, i);
 }
@@ -187,39 +270,10 @@ TensorView SafetensorsFile::view(const SafetensorsEntry& e) const {
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   namespace fs = std::filesystem;
   const fs::path root(dir);
-  if (!fs::is_directory(root)) throw Error(Status::io_error, fmt::format("'{}' is not a directory", dir));
-  const fs::path index = root / "model.safetensors.index.json";
-  std::vector<std::string> shard_names;
-  std::unordered_map<std::string, std::string> weight_map;
-  if (fs::exists(index)) {
-    std::ifstream in(index);
-    if (!in) throw Error(Status::io_error, fmt::format("cannot read '{}'", index.string()));
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(Status::invalid_file, fmt::format("{}: not valid JSON ({})", index.string(), e.what()));
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw Error(Status::invalid_file, fmt::format("{}: missing the 'weight_map' object", index.string()));
-    std::set<std::string> unique;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string())
-        throw Error(Status::invalid_file, fmt::format("{}: weight_map['{}'] is not a file name", index.string(), it.key()));
-      const std::string shard = it.value().get<std::string>();
-      // Shards must be plain file names inside the checkpoint directory.
-      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
-        throw Error(Status::invalid_file, fmt::format("{}: shard name '{}' is not a file in the directory", index.string(), shard));
-      weight_map[it.key()] = shard;
-      if (unique.insert(shard).second) shard_names.push_back(shard);
-    }
-  } else if (fs::exists(root / "model.safetensors")) {
-    shard_names.push_back("model.safetensors");
-  } else {
-    throw Error(Status::io_error,
-                fmt::format("'{}' has neither model.safetensors nor model.safetensors.index.json", dir));
-  }
-  std::sort(shard_names.begin(), shard_names.end());
+  const CheckpointFiles files = checkpoint_files(dir);
+  const std::vector<std::string>& shard_names = files.shards;
+  const auto& weight_map = files.weight_map;
+  const fs::path index(files.index_path);
   for (const auto& s : shard_names) {
     shards_.push_back(std::make_unique<SafetensorsFile>((root / s).string()));
     const std::size_t k = shards_.size() - 1;

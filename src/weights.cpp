@@ -157,6 +157,65 @@ std::vector<const LinearWeight*> ModelWeights::projections(bool include_mtp) con
   return out;
 }
 
+namespace {
+
+void layer_specs(const ModelConfig& c, const std::string& p, LayerKind kind, std::vector<TensorSpec>& out) {
+  const std::int64_t H = c.hidden_size, Hv = c.linear_num_value_heads;
+  const auto vec = [&](const std::string& n, std::int64_t d) { out.push_back({p + n, {d}, false, false}); };
+  const auto mat = [&](const std::string& n, std::int64_t rows, std::int64_t cols) {
+    out.push_back({p + n, {rows, cols}, true, false});
+  };
+  vec("input_layernorm.weight", H);
+  vec("post_attention_layernorm.weight", H);
+  if (kind == LayerKind::linear_attention) {
+    if (c.gdn_layout == GdnProjectionLayout::separate) {
+      mat("linear_attn.in_proj_qkv.weight", c.gdn_conv_dim(), H);
+      mat("linear_attn.in_proj_z.weight", c.gdn_value_dim(), H);
+      mat("linear_attn.in_proj_b.weight", Hv, H);
+      mat("linear_attn.in_proj_a.weight", Hv, H);
+    } else {
+      mat("linear_attn.in_proj_qkvz.weight", 2LL * c.gdn_key_dim() + 2LL * c.gdn_value_dim(), H);
+      mat("linear_attn.in_proj_ba.weight", 2 * Hv, H);
+    }
+    out.push_back({p + "linear_attn.conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel_dim}, false, false});
+    vec("linear_attn.A_log", Hv);
+    vec("linear_attn.dt_bias", Hv);
+    vec("linear_attn.norm.weight", c.linear_value_head_dim);
+    mat("linear_attn.out_proj.weight", H, c.gdn_value_dim());
+  } else {
+    mat("self_attn.q_proj.weight", 2LL * c.attn_q_dim(), H);
+    mat("self_attn.k_proj.weight", c.attn_kv_dim(), H);
+    mat("self_attn.v_proj.weight", c.attn_kv_dim(), H);
+    mat("self_attn.o_proj.weight", H, c.attn_q_dim());
+    vec("self_attn.q_norm.weight", c.head_dim);
+    vec("self_attn.k_norm.weight", c.head_dim);
+  }
+  mat("mlp.gate_proj.weight", c.intermediate_size, H);
+  mat("mlp.up_proj.weight", c.intermediate_size, H);
+  mat("mlp.down_proj.weight", H, c.intermediate_size);
+}
+
+}  // namespace
+
+std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c, const std::string& prefix, bool mtp) {
+  std::vector<TensorSpec> out;
+  const std::int64_t V = c.vocab_size, H = c.hidden_size;
+  out.push_back({prefix + "embed_tokens.weight", {V, H}, false, false});
+  for (int i = 0; i < c.num_layers; ++i)
+    layer_specs(c, fmt::format("{}layers.{}.", prefix, i), c.layer_types[static_cast<std::size_t>(i)], out);
+  out.push_back({prefix + "norm.weight", {H}, false, false});
+  if (c.tie_word_embeddings) out.push_back({prefix + "embed_tokens.weight", {V, H}, true, true});
+  else out.push_back({"lm_head.weight", {V, H}, true, false});
+  if (mtp && c.mtp_num_hidden_layers > 0) {
+    out.push_back({"mtp.fc.weight", {H, 2 * H}, true, false});
+    out.push_back({"mtp.pre_fc_norm_embedding.weight", {H}, false, false});
+    out.push_back({"mtp.pre_fc_norm_hidden.weight", {H}, false, false});
+    out.push_back({"mtp.norm.weight", {H}, false, false});
+    layer_specs(c, "mtp.layers.0.", LayerKind::full_attention, out);
+  }
+  return out;
+}
+
 ModelWeights bind_weights(const io::Checkpoint& ckpt, const ModelConfig& c, bool load_mtp) {
   ModelWeights w;
   Binder b(ckpt, w);

@@ -29,6 +29,7 @@
 
 #include "gdn.h"
 #include "gdn/io/tokenizer.hpp"
+#include "gdn/model/packed_image.hpp"
 #include "gdn/state/state_file.hpp"
 #include "test_util.hpp"
 
@@ -253,6 +254,11 @@ void expect_refused(const char* id, Status status, const std::string& needle, Co
   const Observed before = Observed::of(ctx, seqs);
   expect_error(id, status, needle, std::forward<F>(f));
   before.check_same(ctx);
+}
+
+// The packed-image layout this CPU's kernel does not read.
+std::string cpu_layout_other() {
+  return default_packed_image_path(".").find("panels") != std::string::npos ? "amx_tiles" : "panels";
 }
 
 const char* const tied = "qwen35_tied";
@@ -685,6 +691,114 @@ TEST_CASE("context parameters out of range are refused before anything is alloca
       p.kv_page_size = 1;
     });
   });
+  // A pool that addresses fine but needs petabytes: refused before the zeroing that would get the
+  // process OOM-killed.
+  expect_error("params.context_beyond_memory", Status::out_of_capacity, "TB KV cache", [&] {
+    make([](ContextParams& p) {
+      p.kv_pages = (std::int64_t{1} << 31) - 1;
+      p.kv_page_size = 4096;
+    });
+  });
+}
+
+// =============================================================================================
+// Sizes and memory at load: a size the kernels cannot run is refused naming its field (every other
+// accepted size runs: tests/test_model_sizes.cpp), packing that cannot fit is a Status, and a
+// packed weight image that is not exactly what it claims is refused, never misread.
+TEST_CASE("sizes, memory and packed images at load", "[bad][sizes][image]") {
+  const std::string base_text = read_text(fs::path(test::fixture_model(sharded)) / "config.json");
+  const auto parse_edited = [&](const std::function<void(ojson&)>& edit) {
+    auto j = ojson::parse(base_text);
+    edit(j);
+    parse_model_config(j.dump(), "config.json");
+  };
+  expect_error("cfg.head_dim_zero", Status::invalid_file, "'text_config.head_dim' is missing, and hidden_size / num_attention_heads", [&] {
+    parse_edited([](ojson& j) {
+      j["text_config"].erase("head_dim");
+      j["text_config"]["num_attention_heads"] = 64;  // hidden 48
+      j["text_config"]["num_key_value_heads"] = 1;
+    });
+  });
+
+  if (default_packed_image_path(test::fixture_model(tied)).empty()) {
+    WARN("SKIPPED the packed-image cases: this CPU's projection kernel reads weights in place");
+    return;
+  }
+  {
+    ::setenv("GDN_MEMORY_AVAILABLE", "1000", 1);
+    ModelParams mp;
+    mp.weights = WeightPlacement::packed;
+    expect_error("load.pack_does_not_fit", Status::out_of_capacity, "cannot pack the weights",
+                 [&] { Model::load(test::fixture_model(tied), mp); });
+    ::unsetenv("GDN_MEMORY_AVAILABLE");
+  }
+
+  Copy m(tied);
+  const fs::path image = m.file("gdn-packed.image");
+  PackImageOptions po;
+  po.out = image.string();
+  write_packed_image(m.path.string(), po);
+  const auto good = read_bytes(image);
+  ModelParams strict;  // the image required, so its refusal is the error
+  strict.weights = WeightPlacement::image;
+  strict.packed_image = image.string();
+  const auto load_image = [&] { Model::load(m.path.string(), strict); };
+  REQUIRE_NOTHROW(load_image());
+  const auto with = [&](const std::function<void(std::vector<std::byte>&)>& edit, bool fix_crc) {
+    auto b = good;
+    edit(b);
+    if (fix_crc) {  // a deliberate edit, past the checksum
+      const std::uint32_t n = static_cast<std::uint32_t>(b[12]) | static_cast<std::uint32_t>(b[13]) << 8 |
+                              static_cast<std::uint32_t>(b[14]) << 16 | static_cast<std::uint32_t>(b[15]) << 24;
+      const auto crc = static_cast<std::uint32_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(b.data()), 16 + n));
+      for (int i = 0; i < 4; ++i) b[16 + n + static_cast<std::uint32_t>(i)] = static_cast<std::byte>((crc >> (8 * i)) & 0xff);
+    }
+    write_bytes(image, b);
+  };
+  const auto json_edit = [&](const std::string& from, const std::string& to) {
+    return [from, to](std::vector<std::byte>& b) {
+      std::string text(reinterpret_cast<const char*>(b.data()), std::min<std::size_t>(b.size(), 1 << 20));
+      const auto at = text.find(from);
+      REQUIRE(at != std::string::npos);
+      REQUIRE(from.size() == to.size());  // keeps the header's length
+      std::memcpy(b.data() + at, to.data(), to.size());
+    };
+  };
+  with([](auto& b) { b.resize(b.size() - 4096); }, false);
+  expect_error("image.truncated", Status::invalid_file, "bytes but the file has", load_image);
+  with([](auto& b) { b[40] ^= std::byte{1}; }, false);
+  expect_error("image.corrupt_header", Status::invalid_file, "header checksum mismatch (corrupted)", load_image);
+  with([](auto& b) { b[0] = std::byte{'X'}; }, false);
+  expect_error("image.not_an_image", Status::invalid_file, "wrong magic (not a libgdn packed weight image)", load_image);
+  with([](auto& b) { b[8] = std::byte{2}; }, false);
+  expect_error("image.future_version", Status::invalid_file, "format version 2 is not the supported 1", load_image);
+  with(json_edit("\"weight_encoding\":\"bf16\"", "\"weight_encoding\":\"q4_0\""), true);
+  expect_error("image.unknown_encoding", Status::invalid_file, "weight encoding 'q4_0' is not one this libgdn reads", load_image);
+  with(json_edit("\"layout_version\":1", "\"layout_version\":7"), true);
+  expect_error("image.layout_version", Status::invalid_file, "layout panels version 7 is not the version 1", load_image);
+  with(json_edit("\"layout\":\"panels\"", "\"layout\":\"panelz\""), true);
+  expect_error("image.unknown_layout", Status::invalid_file, "layout 'panelz' is not one this libgdn reads", load_image);
+  with([](auto& b) {  // the first tensor's offset, one byte on
+    const std::string text(reinterpret_cast<const char*>(b.data()), 1 << 12);
+    auto at = text.find("\"offset\":");
+    REQUIRE(at != std::string::npos);
+    at = text.find_first_not_of("0123456789", at + 9) - 1;
+    b[at] = static_cast<std::byte>(static_cast<char>(b[at]) + 1);
+  }, true);
+  expect_error("image.misaligned_tensor", Status::invalid_file, "is misaligned, out of order or outside the", load_image);
+  // Another checkpoint's image (same shapes, other values): stale or foreign.
+  write_bytes(image, good);
+  m.edit_weights("model.safetensors", [](Safetensors& st) {
+    const auto& e = st.header["model.layers.0.mlp.up_proj.weight"];
+    st.data[e["data_offsets"][0].get<std::size_t>() + 2] ^= std::byte{0x40};
+  });
+  expect_error("image.stale", Status::invalid_file, "the image is stale or foreign", load_image);
+  // An image in the layout of another kernel (an AMX machine's, read on an AVX-512 one, or back).
+  po.layout = cpu_layout_other();
+  write_packed_image(m.path.string(), po);
+  expect_error("image.other_layout", Status::invalid_file, "layout, this CPU's kernel", load_image);
+  fs::remove(image);
+  expect_error("image.missing", Status::io_error, "no packed image at", load_image);
 }
 
 // =============================================================================================
@@ -745,6 +859,7 @@ TEST_CASE("bad sequence-state files are refused and load nothing", "[bad][state]
   });
   expect_refused("state.header_length_past_end", Status::invalid_file, "header length 4294967295 is out of range", ctx, {}, [&] {
     auto b = bytes;
+    REQUIRE(b.size() >= 20);  // (also tells GCC's -Wstringop-overflow the bytes are there)
     for (int i = 12; i < 16; ++i) b[static_cast<std::size_t>(i)] = std::byte{0xff};
     load_bytes(with_crc(b));
   });

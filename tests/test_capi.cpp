@@ -26,6 +26,8 @@
 #include "gdn.h"
 #include "backend/cpu/linear.hpp"
 #include "gdn/io/tokenizer.hpp"
+#include "gdn/model/memory_plan.hpp"
+#include "safetensors_writer.hpp"
 #include "gdn/runtime/generator.hpp"
 #include "gdn/text/chat_template.hpp"
 #include "test_util.hpp"
@@ -170,9 +172,88 @@ TEST_CASE("weights packed for the CPU kernel or used in place: bit-identical log
   const bool images = cpu::weight_image_layout(cpu::linear_kernel()) != cpu::WeightImage::none;
   CHECK((Model::load(path)->packed_bytes() > 0) == images);
   ModelParams in_place;
-  in_place.pack_weights = false;
+  in_place.weights = WeightPlacement::in_place;
   CHECK(Model::load(path, in_place)->packed_bytes() == 0);
   if (!images) WARN("this CPU's kernel reads weights in place (no AMX, no AVX-512): both loads used the weights in place");
+}
+
+TEST_CASE("weight placement, packed images and memory plans through C", "[capi][fixtures]") {
+  const std::string fixture = test::fixture_model("qwen35_cond_mtp");
+  test::TempDir dir("capi_image");
+  const std::string path = dir.str() + "/m";
+  std::filesystem::copy(fixture, path, std::filesystem::copy_options::recursive);
+  const bool images = cpu::weight_image_layout(cpu::linear_kernel()) != cpu::WeightImage::none;
+  // Each placement; an older caller's struct (before weights / packed_image) gets automatic.
+  const std::string image = path + "/my.gdnimg";
+  if (images) {
+    REQUIRE(gdn_packed_image_write(path.c_str(), image.c_str()) == GDN_STATUS_OK);
+  } else {
+    CHECK(gdn_packed_image_write(path.c_str(), image.c_str()) == GDN_STATUS_UNSUPPORTED_MODEL);
+  }
+  CHECK(gdn_packed_image_write(nullptr, nullptr) == GDN_STATUS_INVALID_ARGUMENT);
+  struct Case {
+    gdn_weight_placement ask;
+    const char* image;
+    std::uint32_t size;
+    gdn_weight_placement want;
+  };
+  const auto old_size = static_cast<std::uint32_t>(offsetof(gdn_model_params, weights));
+  const std::vector<Case> cases = {
+      {GDN_WEIGHTS_AUTOMATIC, nullptr, sizeof(gdn_model_params), images ? GDN_WEIGHTS_PACKED : GDN_WEIGHTS_IN_PLACE},
+      {GDN_WEIGHTS_AUTOMATIC, image.c_str(), sizeof(gdn_model_params), images ? GDN_WEIGHTS_IMAGE : GDN_WEIGHTS_IN_PLACE},
+      {GDN_WEIGHTS_IN_PLACE, image.c_str(), sizeof(gdn_model_params), GDN_WEIGHTS_IN_PLACE},
+      {GDN_WEIGHTS_PACKED, nullptr, sizeof(gdn_model_params), images ? GDN_WEIGHTS_PACKED : GDN_WEIGHTS_IN_PLACE},
+      {GDN_WEIGHTS_AUTOMATIC, nullptr, old_size, images ? GDN_WEIGHTS_PACKED : GDN_WEIGHTS_IN_PLACE},
+  };
+  std::vector<std::vector<float>> logits;
+  test::Reference ref("qwen35_cond_mtp");
+  const auto tokens = ref.tokens("prompt5.tokens");
+  for (const Case& c : cases) {
+    gdn_model_params mp = gdn_model_default_params();
+    mp.weights = c.ask;
+    mp.packed_image = c.image;
+    mp.size = c.size;
+    gdn_model* m = nullptr;
+    REQUIRE(gdn_model_load(path.c_str(), &mp, &m) == GDN_STATUS_OK);
+    gdn_weight_placement got = GDN_WEIGHTS_AUTOMATIC;
+    REQUIRE(gdn_model_get_weight_placement(m, &got) == GDN_STATUS_OK);
+    CHECK(got == c.want);
+    {
+      CContext cc(m, small_c_params());
+      logits.push_back(c_prefill(cc.c, tokens, 256));
+    }
+    gdn_model_free(m);
+  }
+  for (const auto& l : logits) CHECK(std::memcmp(l.data(), logits[0].data(), l.size() * sizeof(float)) == 0);
+  gdn_model_params bad = gdn_model_default_params();
+  bad.weights = static_cast<gdn_weight_placement>(9);
+  gdn_model* m = nullptr;
+  CHECK(gdn_model_load(path.c_str(), &bad, &m) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK_THAT(gdn_last_error(), Catch::Contains("is not a gdn_weight_placement"));
+
+  // The plan through C equals the C++ one.
+  gdn_context_params cp = small_c_params();
+  gdn_memory_plan plan;
+  plan.size = sizeof plan;
+  REQUIRE(gdn_memory_plan_compute(path.c_str(), nullptr, &cp, &plan) == GDN_STATUS_OK);
+  ContextParams p;
+  p.max_sequences = cp.max_sequences;
+  p.max_context = cp.max_context;
+  p.kv_page_size = cp.kv_page_size;
+  p.max_batch_tokens = cp.max_batch_tokens;
+  p.max_logits_rows = cp.max_logits_rows;
+  p.threads = cp.threads;
+  const MemoryPlan cpp = plan_memory(path, p);
+  CHECK(plan.context_bytes == cpp.context_bytes);
+  CHECK(plan.gdn_recurrent_bytes_per_sequence == cpp.gdn_recurrent_bytes_per_sequence);
+  CHECK(plan.kv_bytes_per_token == cpp.kv_bytes_per_token);
+  CHECK(plan.packed_bytes == cpp.packed_bytes);
+  CHECK(plan.weights == static_cast<gdn_weight_placement>(static_cast<int>(cpp.weights)));
+  CHECK(plan.context_fits);
+  plan.size = 8;
+  CHECK(gdn_memory_plan_compute(path.c_str(), nullptr, &cp, &plan) == GDN_STATUS_INVALID_ARGUMENT);
+  plan.size = sizeof plan;
+  CHECK(gdn_memory_plan_compute("/nonexistent", nullptr, nullptr, &plan) == GDN_STATUS_IO_ERROR);
 }
 
 TEST_CASE("matmul_input through C: bf16 equals the C++ context bit for bit; an older struct gets float32", "[capi][fixtures]") {
@@ -305,6 +386,8 @@ TEST_CASE("parameter structs: defaults, sizes, newer and older callers", "[capi]
   CHECK(p.backend == GDN_BACKEND_CPU);
   CHECK(gdn_model_default_params().load_mtp == ModelParams{}.load_mtp);
   CHECK(gdn_model_default_params().weights_in_place == 0);
+  CHECK(gdn_model_default_params().weights == GDN_WEIGHTS_AUTOMATIC);
+  CHECK(gdn_model_default_params().packed_image == nullptr);
 
   CModel cm("qwen35_tied");
   gdn_context* ctx = nullptr;

@@ -38,7 +38,12 @@ std::string byte_tokenizer_json() {
   for (std::size_t i = 0; i < bs.size(); ++i) {
     std::string key = utf8(cs[i]);
     if (key == "\"" || key == "\\") key = "\\" + key;
-    vocab += (i ? "," : "") + std::string("\"") + key + "\":" + std::to_string(bs[i]);
+    // Appended piece by piece: GCC 12's -Wrestrict misfires on the chained operator+ here.
+    if (i) vocab += ',';
+    vocab += '"';
+    vocab += key;
+    vocab += "\":";
+    vocab += std::to_string(bs[i]);
   }
   return std::string(R"({"version":"1.0","added_tokens":[],"normalizer":null,)"
                      R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":false},)"

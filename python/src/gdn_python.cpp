@@ -28,6 +28,8 @@
 #include <vector>
 
 #include "gdn/gdn.hpp"
+#include "gdn/model/memory_plan.hpp"
+#include "gdn/model/packed_image.hpp"
 #include "gdn/diagnostics/doctor.hpp"
 #include "gdn/io/tokenizer.hpp"
 #include "gdn/runtime/generator.hpp"
@@ -49,6 +51,14 @@ constexpr auto gil_released = Use::Gil::released;
 // A Context with the model it was made from (the C++ Context holds it too, but only as a
 // reference to the Model; Python wants the handle back), and the lock of every call on it: shared
 // with the Generators and SpeculativeDecoders that drive it.
+gdn::WeightPlacement placement_named(const std::string& v) {
+  if (v == "auto" || v == "automatic") return gdn::WeightPlacement::automatic;
+  if (v == "pack" || v == "packed") return gdn::WeightPlacement::packed;
+  if (v == "in_place" || v == "in-place") return gdn::WeightPlacement::in_place;
+  if (v == "image") return gdn::WeightPlacement::image;
+  throw gdn::Error(gdn::Status::invalid_argument, "weights must be 'auto', 'pack', 'in_place' or 'image', got '" + v + "'");
+}
+
 struct ContextHandle {
   ContextHandle(std::shared_ptr<const gdn::Model> m, const gdn::ContextParams& p) : model(std::move(m)), ctx(model, p) {}
   std::shared_ptr<const gdn::Model> model;
@@ -328,21 +338,34 @@ PYBIND11_MODULE(gdn, m) {
   py::class_<ModelHandle>(m, "Model", "An immutable model; share it between contexts and threads.")
       .def_static(
           "load",
-          [](const std::string& path, bool load_mtp, bool pack_weights, gdn::Backend backend, int device) {
+          [](const std::string& path, bool load_mtp, bool pack_weights, const std::string& weights,
+             const std::optional<std::string>& packed_image, gdn::Backend backend, int device) {
             gdn::ModelParams p;
             p.load_mtp = load_mtp;
-            p.pack_weights = pack_weights;
+            p.weights = placement_named(weights);
+            if (!pack_weights) p.weights = gdn::WeightPlacement::in_place;
+            if (packed_image) p.packed_image = *packed_image;
             p.backend = backend;
             p.device = device;
             py::gil_scoped_release nogil;
             return ModelHandle{gdn::Model::load(path, p)};
           },
-          "path"_a, py::kw_only(), "load_mtp"_a = gdn::ModelParams{}.load_mtp,
-          "pack_weights"_a = gdn::ModelParams{}.pack_weights, "backend"_a = gdn::ModelParams{}.backend,
-          "device"_a = gdn::ModelParams{}.device,
+          "path"_a, py::kw_only(), "load_mtp"_a = gdn::ModelParams{}.load_mtp, "pack_weights"_a = true, "weights"_a = "auto",
+          "packed_image"_a = py::none(), "backend"_a = gdn::ModelParams{}.backend, "device"_a = gdn::ModelParams{}.device,
           "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped. "
-          "pack_weights: copy the projections into the order the CPU kernel reads them (AMX or AVX-512; faster decode). "
+          "weights (the CPU backend's; the CUDA backend uploads its own copy): 'auto' (a valid packed image when there "
+          "is one, else packed at load when that fits the memory available, else in place), 'pack' (packed at load, no "
+          "image looked for), 'in_place' or 'image' (see gdn/model/model.hpp, WeightPlacement); "
+          "pack_weights=False is weights='in_place'. packed_image: the image file to look for (default "
+          "MODEL_DIR/gdn-packed.<layout>.gdnimg, what gdn.pack writes). "
           "backend: whose form of the weights to make now (gdn.Backend.cuda: upload them to `device`).")
+      .def_property_readonly("weights",
+                             [](const ModelHandle& pm) {
+                               const auto w = pm.model->weight_placement();
+                               return std::string(w == gdn::WeightPlacement::in_place ? "in_place" : gdn::weight_placement_name(w));
+                             },
+                             "What loading chose: 'packed', 'image' or 'in_place'.")
+      .def_property_readonly("weight_notice", [](const ModelHandle& pm) { return pm.model->weight_notice(); })
       .def_property_readonly(
           "config", [](const ModelHandle& pm) -> const gdn::ModelConfig& { return pm.model->config(); },
           py::return_value_policy::reference_internal)
@@ -614,6 +637,58 @@ PYBIND11_MODULE(gdn, m) {
       .def_property_readonly(
           "snapshot_bytes",
           [](ContextHandle& c) { return with_context(c, "Context.snapshot_bytes", [](gdn::Context& x) { return x.snapshot_bytes(); }); });
+
+  // --- memory plan, packed image ----------------------------------------------------------------
+  m.def(
+      "memory_plan",
+      [](const std::string& path, int max_sequences, int max_context, std::optional<gdn::DType> state_dtype,
+         gdn::Backend backend, int max_batch_tokens, int max_rollback_tokens, int threads, const std::string& weights,
+         const std::optional<std::string>& packed_image) {
+        gdn::ContextParams p;
+        p.max_sequences = max_sequences;
+        p.max_context = max_context;
+        p.state_dtype = state_dtype;
+        p.backend = backend;
+        p.max_batch_tokens = max_batch_tokens;
+        p.max_rollback_tokens = max_rollback_tokens;
+        p.threads = threads;
+        gdn::ModelParams mp;
+        mp.weights = placement_named(weights);
+        if (packed_image) mp.packed_image = *packed_image;
+        std::string json;
+        {
+          py::gil_scoped_release nogil;
+          json = gdn::plan_memory(path, p, mp).to_json(-1);
+        }
+        return py::module_::import("json").attr("loads")(json);
+      },
+      "path"_a, py::kw_only(), "max_sequences"_a = 1, "max_context"_a = d.max_context, "state_dtype"_a = py::none(),
+      "backend"_a = gdn::Backend::cpu, "max_batch_tokens"_a = d.max_batch_tokens, "max_rollback_tokens"_a = 0,
+      "threads"_a = 0, "weights"_a = "auto", "packed_image"_a = py::none(),
+      "The memory plan of a checkpoint for these context parameters, from config.json and the safetensors headers only "
+      "(no weight is read; `gdn info`): a dict of byte counts (weights, per-sequence GDN state, KV per token, rollback, "
+      "work buffers, outputs, totals) and what loading would do with the weights.");
+  m.def(
+      "pack",
+      [](const std::string& path, const std::optional<std::string>& out) {
+        gdn::PackImageOptions o;
+        if (out) o.out = *out;
+        gdn::PackImageResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = gdn::write_packed_image(path, o);
+        }
+        py::dict d;
+        d["path"] = r.path;
+        d["layout"] = r.layout;
+        d["file_bytes"] = r.file_bytes;
+        d["written_bytes"] = r.written_bytes;
+        d["tensors"] = r.tensors;
+        d["seconds"] = r.seconds;
+        return d;
+      },
+      "path"_a, "out"_a = py::none(),
+      "Writes the packed weight image of a checkpoint (`gdn pack`); later loads map it instead of packing the weights.");
 
   // --- gdn doctor ---------------------------------------------------------------------------
   m.def(

@@ -69,6 +69,39 @@ def test_packed_and_in_place_weights_give_identical_logits():
     assert np.array_equal(got[0], got[1])
 
 
+def test_weights_placement_packed_image_and_memory_plan(tmp_path):
+    # weights='in_place' / 'pack' / 'auto', a packed image written by gdn.pack and then mapped:
+    # bit-identical logits every way; the memory plan is the context's accounting.
+    import shutil
+    src = model_dir("qwen35_cond_mtp")
+    d = str(tmp_path / "m")
+    shutil.copytree(src, d)
+    tokens = reference("qwen35_cond_mtp")["prompt5.tokens"]
+    in_place = gdn.Model.load(d, weights="in_place")
+    assert in_place.weights == "in_place"
+    want = prefill(small_context(in_place), tokens)
+    try:
+        info = gdn.pack(d)
+    except gdn.UnsupportedModelError:  # this CPU's kernel reads weights in place (AVX2, scalar)
+        info = None
+    if info is not None:
+        assert info["file_bytes"] > 0 and info["path"].endswith(".gdnimg")
+        mapped = gdn.Model.load(d)
+        assert mapped.weights == "image"
+        assert np.array_equal(prefill(small_context(mapped), tokens), want)
+        assert gdn.memory_plan(d)["weights"] == "image"
+    assert np.array_equal(prefill(small_context(gdn.Model.load(d, weights="pack")), tokens), want)
+    with pytest.raises(gdn.InvalidArgumentError):
+        gdn.Model.load(d, weights="sideways")
+    plan = gdn.memory_plan(d, max_sequences=3, max_context=200, threads=2)
+    ctx = gdn.Context(in_place, max_sequences=3, max_context=200, threads=2)
+    assert plan["gdn_recurrent_bytes_per_sequence"] + plan["gdn_conv_bytes_per_sequence"] == ctx.gdn_state_bytes_per_sequence
+    assert plan["kv_bytes_per_token"] == ctx.kv_bytes_per_token
+    assert plan["context_fits"] and plan["context_bytes"] > 0
+    cuda = gdn.memory_plan(d, backend=gdn.Backend.cuda)
+    assert cuda["backend"] == "cuda" and cuda["device_weight_bytes"] > 0
+
+
 def test_bf16_matmul_inputs_stay_near_the_float32_reference():
     # matmul_input=bf16 rounds the activations entering each projection (tests/test_model_fixtures.cpp
     # holds it to transformers' own bf16 run); here: the option reaches the engine and behaves.

@@ -16,7 +16,7 @@ BackendParams backend_params(const ModelConfig& c, const ContextParams& p, const
                              std::int64_t output_rows) {
   BackendParams b;
   b.slots = p.max_sequences;
-  b.kv_pages = c.count_layers(LayerKind::full_attention) > 0 ? pages : 0;
+  b.kv_pages = pages;  // 0 when the model has no attention layer (nor an MTP head, whose layer is one)
   b.kv_page_size = p.kv_page_size;
   b.max_context = p.max_context;
   b.max_pass_rows = p.max_batch_tokens;
@@ -68,9 +68,11 @@ Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params,
                 fmt::format("a KV cache of {} pages is beyond what one context can address (page ids are 32-bit); lower "
                             "max_context, max_sequences or kv_pages",
                             n_pages));
-  const bool has_kv = c.count_layers(LayerKind::full_attention) > 0;
+  // The MTP layer is a full-attention layer with its own KV: a model whose main layers are all GDN
+  // still needs pages for it.
+  const bool has_kv = c.count_layers(LayerKind::full_attention) > 0 || model->has_mtp();
   const std::int64_t out_rows = p.max_logits_rows > 0 ? p.max_logits_rows : std::max(p.max_sequences, 64);
-  const BackendParams bp = backend_params(c, p, hooks, n_pages, out_rows);
+  const BackendParams bp = backend_params(c, p, hooks, has_kv ? n_pages : 0, out_rows);
   backend = p.backend == Backend::cuda ? make_cuda_backend(model, bp) : make_cpu_backend(model, bp);
   if (hooks.drop_conv_state) backend = std::make_unique<DropConvStateBackend>(std::move(backend));
 

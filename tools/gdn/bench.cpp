@@ -50,6 +50,7 @@
 #include "backend/cpu/linear.hpp"
 #include "gdn/core/anonymous_memory.hpp"
 #include "gdn/gdn.hpp"
+#include "gdn/model/packed_image.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -238,7 +239,11 @@ struct Options {
   std::string peer_script = "bench/peer.py";
   std::string peer_args;
   int rounds = 3;
-  bool in_place = false;
+  WeightPlacement weights = WeightPlacement::automatic;  // --weights / --in-place
+  std::string image_path;                  // --image-path: where the packed image is (written when missing)
+  std::vector<std::string> load_modes = {"in-place", "pack", "image"};  // the load-time section
+  bool sparse = false;                     // --sparse: an all-zero generated checkpoint (holes on disk)
+  int shards = 1;
   bool quick = false;
   bool bf16_inputs = true;  // also measure MatmulInput::bf16 (batch 1, batch scaling, the rounds)
 };
@@ -348,15 +353,98 @@ json run_peer(const std::string& cmd) {
   return {{"error", text}};
 }
 
+// Read from /proc/self/status (kB): RssAnon, RssFile.
+long status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string k;
+  long v = 0;
+  while (f >> k) {
+    if (k == key) {
+      f >> v;
+      return v * 1024L;
+    }
+    std::getline(f, k);
+  }
+  return -1;
+}
+
+WeightPlacement placement_named(std::string_view v) {
+  if (v == "in-place") return WeightPlacement::in_place;
+  if (v == "pack") return WeightPlacement::packed;
+  if (v == "image") return WeightPlacement::image;
+  if (v == "auto") return WeightPlacement::automatic;
+  throw Error(Status::invalid_argument, fmt::format("--weights / --load-modes: '{}' is not in-place, pack, image or auto", v));
+}
+
+// Makes sure a valid packed image of `dir` is at `path` (writing it when missing or refused);
+// returns the seconds `gdn pack` took (0 when the image was there).
+double ensure_image(const std::string& dir, const std::string& path) {
+  try {
+    ModelParams mp;
+    mp.weights = WeightPlacement::image;
+    mp.packed_image = path;
+    Model::load(dir, mp);
+    return 0.0;
+  } catch (const Error& e) {
+    fmt::print(stderr, "writing the packed image {} ({})...\n", path, e.what());
+  }
+  PackImageOptions po;
+  po.out = path;
+  const PackImageResult r = write_packed_image(dir, po);
+  fmt::print(stderr, "  {} MB in {:.1f} s ({} MB of non-zero blocks)\n", r.file_bytes / 1000000, r.seconds, r.written_bytes / 1000000);
+  return r.seconds;
+}
+
+// Load time and first-token latency of one way of reading the weights: Model::load, a context, the
+// first one-token step (which faults in whatever the load did not read) and a second one.
+json measure_load(const std::string& dir, WeightPlacement w, const std::string& image, int threads) {
+  ModelParams mp;
+  mp.weights = w;
+  mp.packed_image = image;
+  const auto t0 = Clock::now();
+  auto model = Model::load(dir, mp);
+  const double load_s = seconds_since(t0);
+  const long anon = status_bytes("RssAnon:");
+  ContextParams p;
+  p.max_sequences = 1;
+  p.max_context = 8;
+  p.max_batch_tokens = 8;
+  p.threads = threads;
+  const auto t1 = Clock::now();
+  Context ctx(model, p);
+  const double context_s = seconds_since(t1);
+  const SeqId s = ctx.create_sequence();
+  Batch b;
+  double token_s[2] = {0, 0};
+  for (double& t : token_s) {
+    b.clear();
+    b.add(s, Token{1}, LogitsFor::last);
+    const auto t2 = Clock::now();
+    ctx.step(b);
+    t = seconds_since(t2);
+  }
+  const long file = status_bytes("RssFile:");
+  return {{"weights", weight_placement_name(model->weight_placement())}, {"load_s", load_s}, {"context_s", context_s},
+          {"first_token_s", token_s[0]}, {"second_token_s", token_s[1]}, {"rss_anon_after_load_bytes", anon},
+          {"rss_file_after_two_tokens_bytes", file}};
+}
+
 int usage() {
   std::fputs(
       "usage: gdn bench [--model DIR | --shape 0.8b|2b|27b] [--cache DIR] [--threads N] [--runs N]\n"
       "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
-      "                 [--peer-args 'ARGS'] [--rounds N] [--in-place] [--float32-only]\n"
-      "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512\n"
+      "                 [--peer-args 'ARGS'] [--rounds N] [--weights auto|pack|image|in-place] [--in-place]\n"
+      "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N]\n"
+      "                 [--float32-only]\n"
+      "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512, no load section\n"
       "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
-      "  --in-place     read the weights from the mapped checkpoint (no packing into the kernel's order)\n"
+      "  --weights      where the measured model reads its projections (default auto; see WeightPlacement)\n"
+      "  --in-place     the same as --weights in-place: the mapped checkpoint, no packing\n"
+      "  --image-path   the packed image for --weights image and the load section (default: in the\n"
+      "                 checkpoint's directory, or the cache for a generated one; written when missing)\n"
+      "  --load-modes   load time and first-token latency of each ('' for none)\n"
+      "  --sparse       with --shape: generate an all-zero checkpoint, holes on disk (sizes, not numerics)\n"
       "  --rounds N     with a peer: N head-to-head rounds of batch-1 prefill + decode, ours and the peer\n"
       "                 alternating, each bracketed by a bandwidth measurement (default 3)\n"
       "  --float32-only measure only the default float32 matmul inputs (not also bf16 inputs)\n"
@@ -395,20 +483,35 @@ int bench(int argc, char** argv) {
     else if (a == "--peer-script" && v) o.peer_script = argv[++i];
     else if (a == "--peer-args" && v) o.peer_args = argv[++i];
     else if (a == "--rounds" && v) o.rounds = std::max(0, std::atoi(argv[++i]));
-    else if (a == "--in-place") o.in_place = true;
+    else if (a == "--in-place") o.weights = WeightPlacement::in_place;
+    else if (a == "--weights" && v) o.weights = placement_named(argv[++i]);
+    else if (a == "--image-path" && v) o.image_path = argv[++i];
+    else if (a == "--load-modes" && v) {
+      o.load_modes.clear();
+      for (std::string_view m = argv[++i]; !m.empty();) {
+        const auto comma = m.find(',');
+        o.load_modes.emplace_back(m.substr(0, comma));
+        placement_named(o.load_modes.back());
+        m = comma == std::string_view::npos ? std::string_view() : m.substr(comma + 1);
+      }
+    } else if (a == "--sparse") o.sparse = true;
+    else if (a == "--shards" && v) o.shards = std::max(1, std::atoi(argv[++i]));
     else if (a == "--float32-only") o.bf16_inputs = false;
     else if (a == "--quick") o.quick = true;
     else if (a == "--backend" && v) ++i;  // cpu
     else if (a == "--write-checkpoint" && v) {
       // Writes the --shape's checkpoint (random, or --sparse after it) and stops.
       const std::string out_dir = argv[++i];
-      const bool sparse = i + 1 < argc && std::string_view(argv[i + 1]) == "--sparse";
-      make_checkpoint(shape_for(o.shape), out_dir, sparse);
+      const bool sparse = o.sparse || (i + 1 < argc && std::string_view(argv[i + 1]) == "--sparse");
+      make_checkpoint(shape_for(o.shape), out_dir, {.sparse = sparse, .shards = o.shards});
       fmt::print("wrote a {}{} checkpoint to {}\n", sparse ? "sparse " : "", o.shape, out_dir);
       return 0;
     } else return usage();
   }
+  bool load_modes_set = false;
+  for (int i = 0; i < argc; ++i) load_modes_set |= std::string_view(argv[i]) == "--load-modes";
   if (o.quick) {
+    if (!load_modes_set) o.load_modes.clear();
     o.runs = 1;
     o.decode_tokens = 4;
     o.prompt_tokens = std::min(o.prompt_tokens, 64);
@@ -429,20 +532,56 @@ int bench(int argc, char** argv) {
   // Forked now, while this process is small and single-threaded (see BandwidthMeter).
   BandwidthMeter meter(o.threads, o.stream_bytes);
   std::string dir = o.model;
+  std::string default_image;
   if (dir.empty()) {
     const Shape s = shape_for(o.shape);
-    dir = (std::filesystem::path(o.cache) / s.name).string();
-    if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
-      fmt::print(stderr, "writing a random-weight {} checkpoint to {} ...\n", s.name, dir);
+    dir = (std::filesystem::path(o.cache) / (s.name + (o.sparse ? "-sparse" : ""))).string();
+    const std::filesystem::path d(dir);
+    if (!std::filesystem::exists(d / "model.safetensors") && !std::filesystem::exists(d / "model.safetensors.index.json")) {
+      fmt::print(stderr, "writing a {} {} checkpoint to {} ...\n", o.sparse ? "sparse all-zero" : "random-weight", s.name, dir);
       const auto t0 = Clock::now();
-      make_checkpoint(s, dir);
+      CheckpointOptions co;
+      co.sparse = o.sparse;
+      co.shards = o.shards;
+      make_checkpoint(s, dir, co);
       fmt::print(stderr, "  done in {:.1f} s\n", seconds_since(t0));
     }
+  } else if (!default_packed_image_path(dir).empty() && ::access(dir.c_str(), W_OK) != 0) {
+    // A read-only checkpoint directory: the image goes to the cache.
+    default_image = (std::filesystem::path(o.cache) / std::filesystem::path(default_packed_image_path(dir)).filename()).string();
   }
+  const std::string image = !o.image_path.empty() ? o.image_path : default_image.empty() ? default_packed_image_path(dir) : default_image;
   out["model_dir"] = dir;
+  const bool wants_image = o.weights == WeightPlacement::image ||
+                           std::find(o.load_modes.begin(), o.load_modes.end(), "image") != o.load_modes.end();
+  if (wants_image && !image.empty()) {
+    std::filesystem::create_directories(std::filesystem::path(image).parent_path());
+    out["pack_seconds"] = ensure_image(dir, image);
+  }
+
+  // 0. Load time and first-token latency per way of reading the weights (the page cache is warm
+  // for all but the first: this VM's disk is not what is measured).
+  if (!o.load_modes.empty()) {
+    json rows = json::array();
+    for (const auto& m : o.load_modes) {
+      const WeightPlacement w = placement_named(m);
+      if (w == WeightPlacement::image && image.empty()) continue;
+      json r = measure_load(dir, w, image, o.threads);
+      r["mode"] = m;
+      fmt::print("load {:<9} {:7.3f} s load + {:6.3f} s context, first token {:7.3f} s, second {:7.3f} s; RSS after load: "
+                 "{:.0f} MiB anonymous\n",
+                 m, r["load_s"].get<double>(), r["context_s"].get<double>(), r["first_token_s"].get<double>(),
+                 r["second_token_s"].get<double>(), r["rss_anon_after_load_bytes"].get<double>() / 1048576.0);
+      rows.push_back(r);
+    }
+    out["load"] = rows;
+  }
+
   ModelParams mparams;
-  mparams.pack_weights = !o.in_place;
+  mparams.weights = o.weights;
+  mparams.packed_image = image;
   auto model = Model::load(dir, mparams);
+  out["weights"] = weight_placement_name(model->weight_placement());
   const auto& cfg = model->config();
   out["weights_packed_bytes"] = model->packed_bytes();
 
@@ -452,8 +591,11 @@ int bench(int argc, char** argv) {
   out["kernel"] = cpu::linear_kernel_name();
   fmt::print("gdn bench: {} ({} layers, hidden {}, vocab {}), {} threads, kernel {}, weights {}\n", dir, cfg.num_layers,
              cfg.hidden_size, cfg.vocab_size, threads, cpu::linear_kernel_name(),
-             model->packed_bytes() > 0 ? fmt::format("packed in the kernel's order ({:.0f} MB)", model->packed_bytes() / 1e6)
-                                       : std::string("read in place"));
+             model->weight_placement() == WeightPlacement::packed
+                 ? fmt::format("packed in the kernel's order at load ({:.0f} MB)", model->packed_bytes() / 1e6)
+             : model->weight_placement() == WeightPlacement::image
+                 ? fmt::format("mapped from the packed image {} ({:.0f} MB)", model->packed_image_path(), model->packed_bytes() / 1e6)
+                 : std::string("read in place"));
 
   // 1. Bandwidth and roofline.
   const Bandwidth bw = meter.measure(o.stream_bytes, std::max(o.runs, 3));

@@ -149,7 +149,7 @@ int bench_cuda(int argc, char** argv) {
     }
   }
   if (write_only) {
-    make_checkpoint(shape_for(o.shape), write_dir, sparse);
+    make_checkpoint(shape_for(o.shape), write_dir, {.sparse = sparse});
     fmt::print("wrote a {}{} checkpoint to {}\n", sparse ? "sparse " : "", o.shape, write_dir);
     return 0;
   }
@@ -162,7 +162,7 @@ int bench_cuda(int argc, char** argv) {
     dir = (std::filesystem::path(o.cache) / (s.name + (big ? "-sparse" : ""))).string();
     if (!std::filesystem::exists(std::filesystem::path(dir) / "model.safetensors")) {
       fmt::print(stderr, "writing a {} {} checkpoint to {} ...\n", big ? "sparse" : "random-weight", s.name, dir);
-      make_checkpoint(s, dir, big);
+      make_checkpoint(s, dir, {.sparse = big});
     }
   }
   out["model_dir"] = dir;

@@ -25,5 +25,8 @@ int serve(int argc, char** argv);      // gdn serve MODEL_DIR [...]: the OpenAI-
 int bench_cuda(int argc, char** argv); // gdn bench --backend cuda [...]: the GPU against the HBM roofline
 int bench(int argc, char** argv);      // gdn bench [...]: speed vs the memory-bandwidth roofline and llama.cpp
                                        // (in the gdn-bench program, bench_main.cpp, which `gdn bench` runs)
+int info(int argc, char** argv);       // gdn info MODEL_DIR [...]: architecture, parameters, memory plan (info.cpp)
+int pack(int argc, char** argv);       // gdn pack MODEL_DIR [--out FILE]: the packed weight image (pack.cpp)
+// gdn make-checkpoint: make_checkpoint_command in checkpoints.hpp.
 
 }  // namespace gdn::cli

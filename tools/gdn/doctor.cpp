@@ -1,4 +1,5 @@
 // gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--state-dtype f32|bf16] [--backend cpu|cuda] [--fault NAME]...
+//            [--pack | --in-place | --image FILE]   (the CPU backend's weights; CUDA uploads its own copy)
 //
 // Self-check of a checkpoint and of this engine on it (include/gdn/diagnostics/doctor.hpp): prints
 // PASS / WARN / FAIL / SKIP per check with the measured figure, or the report as JSON on stdout
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "load_flags.hpp"
 #include "gdn/diagnostics/doctor.hpp"
 
 namespace gdn::cli {
@@ -21,7 +23,7 @@ namespace gdn::cli {
 int doctor(int argc, char** argv) {
   const auto usage = [] {
     std::fputs("usage: gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--state-dtype f32|bf16] "
-               "[--backend cpu|cuda] [--fault drop-conv-state|tiled-value-heads]\n", stderr);
+               "[--backend cpu|cuda] [--fault drop-conv-state|tiled-value-heads] [--pack | --in-place | --image FILE]\n", stderr);
     return 2;
   };
   if (argc < 1) return usage();
@@ -31,6 +33,7 @@ int doctor(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     const bool has_value = i + 1 < argc;
+    if (parse_load_flag(argc, argv, i, opt.load)) continue;
     if (a == "--json") json = true;
     else if (a == "--quick") opt.quick = true;
     else if (a == "--threads" && has_value) opt.threads = std::atoi(argv[++i]);

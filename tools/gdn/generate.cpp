@@ -1,6 +1,7 @@
 // gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--max-tokens N]
 //              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs] [--backend cpu|cuda]
+//              [--pack | --in-place | --image FILE]   (the CPU backend's weights; CUDA uploads its own copy)
 //
 // Streams the generated text to stdout as it is produced; the model-loading progress bar and the
 // prefill / decode speeds go to stderr, so stdout is clean text.
@@ -16,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "load_flags.hpp"
 #include "gdn/gdn.hpp"
 #include "gdn/io/tokenizer.hpp"
 #include "gdn/runtime/generator.hpp"
@@ -29,7 +31,7 @@ int usage() {
       "usage: gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT]\n"
       "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
       "                    [--seed S] [--max-tokens N] [--stop STRING]... [--mtp K] [--threads N]\n"
-      "                    [--bf16-inputs] [--backend cpu|cuda]\n"
+      "                    [--bf16-inputs] [--backend cpu|cuda] [--pack | --in-place | --image FILE]\n"
       "  --chat      wrap the prompt in the model's chat template (stops at <|im_end|>)\n"
       "  --think     with --chat, leave thinking on (default: off)\n"
       "  --temp 0    greedy (the default); > 0 samples\n"
@@ -61,8 +63,10 @@ int generate(int argc, char** argv) {
   gp.max_tokens = 128;
   int threads = 0;
   MatmulInput matmul_input = MatmulInput::float32;
+  ModelParams load_flags;
   Backend backend = Backend::cpu;
   for (int i = 1; i < argc; ++i) {
+    if (parse_load_flag(argc, argv, i, load_flags)) continue;
     const std::string_view a = argv[i];
     const bool v = i + 1 < argc;
     if (a == "--prompt" && v) prompt = argv[++i];
@@ -90,6 +94,8 @@ int generate(int argc, char** argv) {
     throw Error(Status::io_error, fmt::format("'{}' has no tokenizer.json; gdn generate needs one", dir));
   const Tokenizer tok = Tokenizer::load(tok_path);
   ModelParams mp;
+  mp.weights = load_flags.weights;
+  mp.packed_image = load_flags.packed_image;
   mp.backend = backend;
   mp.progress = progress_bar;  // packing (or uploading) the weights reads them all
   auto model = Model::load(dir, mp);

@@ -1,7 +1,9 @@
 // The gdn command-line tool.
 //
-//   gdn info MODEL_DIR                                   the parsed configuration and memory figures
+//   gdn info MODEL_DIR [...]                             architecture, parameters, memory plan (info.cpp)
 //   gdn logits MODEL_DIR --tokens 1,2,3 [--out F.npy]    logits of every prompt position
+//   gdn pack MODEL_DIR [--out FILE]                      the packed weight image loading maps (pack.cpp)
+//   gdn make-checkpoint --shape S [--sparse] DIR         a checkpoint of a real model's shapes (checkpoints.cpp)
 //   gdn generate MODEL_DIR --prompt TEXT [...]           streamed text (see generate.cpp)
 //   gdn speculate MODEL_DIR [...]                        MTP speculative decoding figures (speculate.cpp)
 //   gdn doctor MODEL_DIR [--json] [--quick]              self-check; exit status 1 on any FAIL (see doctor.cpp)
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -29,16 +32,23 @@
 
 #include "gdn/gdn.hpp"
 #include "gdn/io/npy.hpp"
+#include "checkpoints.hpp"
 #include "commands.hpp"
+#include "load_flags.hpp"
+#include "run_stats.hpp"
 
 namespace {
 
 int usage() {
   std::fputs(
       "usage:\n"
-      "  gdn info MODEL_DIR\n"
-      "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16]\n"
+      "  gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--backend cpu|cuda] [--json]\n"
+      "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16] [--stats]\n"
       "                      [--backend cpu|cuda]\n"
+      "  gdn pack MODEL_DIR [--out FILE]   the packed weight image (then mapped by every load)\n"
+      "  gdn make-checkpoint --shape 0.8b|2b|27b|tiny [--sparse] [--shards N] DIR\n"
+      "  (every command that loads a model takes --pack | --in-place | --image FILE: the CPU backend's weights;\n"
+      "   --backend cuda uploads its own copy to the device and ignores them)\n"
       "  gdn generate MODEL_DIR --prompt TEXT [--chat] [--temp T] [--top-p P] [--seed S] [--max-tokens N] [--mtp K]\n"
       "                        [--backend cpu|cuda]\n"
       "  gdn speculate MODEL_DIR [--prompts FILE] [--k K]...   MTP acceptance and speedup vs plain decoding\n"
@@ -67,41 +77,22 @@ std::vector<gdn::Token> parse_tokens(std::string_view s) {
   return out;
 }
 
-int cmd_info(const std::string& dir) {
-  auto model = gdn::Model::load(dir);
-  const auto& c = model->config();
-  fmt::print("architecture      {}\n", c.architecture);
-  fmt::print("layers            {} ({} gated deltanet, {} full attention)\n", c.num_layers,
-             c.count_layers(gdn::LayerKind::linear_attention), c.count_layers(gdn::LayerKind::full_attention));
-  fmt::print("hidden / ffn      {} / {}\n", c.hidden_size, c.intermediate_size);
-  fmt::print("attention         {} q heads, {} kv heads, head_dim {}, rotary_dim {}, theta {}\n", c.num_attention_heads,
-             c.num_key_value_heads, c.head_dim, c.rotary_dim, c.rope_theta);
-  fmt::print("gated deltanet    {} key heads x {}, {} value heads x {}, conv kernel {}\n", c.linear_num_key_heads,
-             c.linear_key_head_dim, c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_kernel_dim);
-  fmt::print("vocab             {} ({})\n", c.vocab_size, c.tie_word_embeddings ? "tied lm_head" : "untied lm_head");
-  fmt::print("mtp head          {}\n", model->has_mtp() ? "yes" : "no");
-  gdn::ContextParams p;
-  p.max_sequences = 1;
-  p.max_context = 16;
-  gdn::Context ctx(model, p);
-  fmt::print("state / sequence  {} bytes GDN state, {} bytes KV per token\n", ctx.gdn_state_bytes_per_sequence(),
-             ctx.kv_bytes_per_token());
-  return 0;
-}
-
 int cmd_logits(const std::string& dir, int argc, char** argv) {
   std::vector<gdn::Token> tokens;
   std::string out;
   gdn::ContextParams p;
   p.max_sequences = 1;
-  gdn::ModelParams mp;
+  gdn::ModelParams load;
+  bool stats = false;
   for (int i = 0; i < argc; ++i) {
     const std::string_view a = argv[i];
     const bool has_value = i + 1 < argc;
-    if (a == "--tokens" && has_value) tokens = parse_tokens(argv[++i]);
+    if (gdn::cli::parse_load_flag(argc, argv, i, load)) continue;
+    if (a == "--stats") stats = true;
+    else if (a == "--tokens" && has_value) tokens = parse_tokens(argv[++i]);
     else if (a == "--out" && has_value) out = argv[++i];
     else if (a == "--threads" && has_value) p.threads = std::atoi(argv[++i]);
-    else if (a == "--backend" && has_value) mp.backend = p.backend = gdn::cli::parse_backend(argv[++i]);
+    else if (a == "--backend" && has_value) load.backend = p.backend = gdn::cli::parse_backend(argv[++i]);
     else if (a == "--state-dtype" && has_value) {
       const std::string_view v = argv[++i];
       if (v == "f32") p.state_dtype = gdn::DType::f32;
@@ -112,14 +103,18 @@ int cmd_logits(const std::string& dir, int argc, char** argv) {
     }
   }
   if (tokens.empty()) return usage();
-  auto model = gdn::Model::load(dir, mp);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = gdn::Model::load(dir, load);
+  const auto t1 = std::chrono::steady_clock::now();
   p.max_context = static_cast<int>(tokens.size());
   p.max_logits_rows = static_cast<int>(tokens.size());
   gdn::Context ctx(model, p);
   const gdn::SeqId seq = ctx.create_sequence();
   gdn::Batch batch;
   batch.add(seq, tokens, gdn::LogitsFor::all);
+  const auto t2 = std::chrono::steady_clock::now();
   ctx.step(batch);
+  if (stats) gdn::cli::print_run_stats(*model, t0, t1, t2, std::chrono::steady_clock::now());
   const auto V = static_cast<std::size_t>(model->config().vocab_size);
   if (!out.empty()) {
     std::vector<float> all;
@@ -163,7 +158,9 @@ int main(int argc, char** argv) {
   if (argc < 3 && !(argc == 2 && std::string_view(argv[1]) == "bench")) return usage();
   const std::string_view cmd = argv[1];
   try {
-    if (cmd == "info") return cmd_info(argv[2]);
+    if (cmd == "info") return gdn::cli::info(argc - 2, argv + 2);
+    if (cmd == "pack") return gdn::cli::pack(argc - 2, argv + 2);
+    if (cmd == "make-checkpoint") return gdn::cli::make_checkpoint_command(argc - 2, argv + 2);
     if (cmd == "logits") return cmd_logits(argv[2], argc - 3, argv + 3);
     if (cmd == "generate") return gdn::cli::generate(argc - 2, argv + 2);
     if (cmd == "speculate") return gdn::cli::speculate(argc - 2, argv + 2);

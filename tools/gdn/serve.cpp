@@ -36,6 +36,7 @@
 #include <httplib.h>
 
 #include "commands.hpp"
+#include "load_flags.hpp"
 #include "gdn/core/error.hpp"
 #include "gdn/model/model.hpp"
 #include "gdn/runtime/generator.hpp"
@@ -52,6 +53,7 @@ int usage() {
       "                 [--max-sequences 8] [--max-context 4096] [--max-queue 64] [--cache-bytes 1G]\n"
       "                 [--cache-interval 512] [--mtp K [--mtp-fixed]] [--step-tokens 256] [--threads N] [--backend cpu|cuda]\n"
       "                 [--device N] [--max-body-bytes 8M] [--shutdown-timeout 10] [--http-threads N]\n"
+      "                 [--pack | --in-place | --image FILE]   where the CPU backend reads the weights (gdn pack)\n"
       "  --port 0           pick a free port (printed on stdout: 'listening on http://HOST:PORT')\n"
       "  --cache-bytes B    memory for the prefix cache (snapshots and the KV pages they keep); 0 disables it\n"
       "  --mtp K            MTP speculative decoding with up to K drafts per round, k adapted per request\n"
@@ -84,6 +86,7 @@ struct Options {
   double shutdown_timeout = 10.0;
   bool verbose = false;
   EngineConfig engine;
+  ModelParams load;  // --pack / --in-place / --image FILE (load_flags.hpp); backend and device come from engine
 };
 
 std::string random_id(std::string_view prefix) {
@@ -474,7 +477,7 @@ void Server::load() {
   tok_ = std::make_unique<Tokenizer>(Tokenizer::load(tok_path));
   // The load makes the backend's form of the weights (packed for the CPU, uploaded to the device for
   // CUDA); prefetching the mapping only helps the CPU, which may read weights in place.
-  ModelParams mp;
+  ModelParams mp = opt_.load;
   mp.backend = opt_.engine.backend;
   mp.device = opt_.engine.device;
   auto model = Model::load(opt_.dir, mp);
@@ -586,6 +589,7 @@ int serve(int argc, char** argv) {
     else if (a == "--http-threads" && v) o.http_threads = std::stoi(argv[++i]);
     else if (a == "--verbose") o.verbose = true;
     else if (a == "--backend" && v) o.engine.backend = parse_backend(argv[++i]);
+    else if (parse_load_flag(argc, argv, i, o.load)) continue;
     else {
       fmt::print(stderr, "gdn serve: unknown argument '{}'\n", a);
       return usage();

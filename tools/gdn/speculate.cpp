@@ -1,5 +1,5 @@
 // gdn speculate MODEL_DIR [--prompts FILE] [--max-tokens N] [--k K]... [--repeats R] [--no-eos] [--fixed]
-//                         [--threads N] [--json]
+//                         [--threads N] [--json] [--pack | --in-place | --image FILE]
 //
 // Measures MTP speculative decoding against plain decoding on the same prompts, greedy: checks that
 // the tokens are identical, and reports per k the draft acceptance rate, tokens per main-model step
@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "load_flags.hpp"
 #include "gdn/gdn.hpp"
 #include "gdn/io/tokenizer.hpp"
 #include "gdn/runtime/generator.hpp"
@@ -43,8 +44,8 @@ double quantile(std::vector<double> v, double q) {
 
 int speculate(int argc, char** argv) {
   if (argc < 1) {
-    std::fputs("usage: gdn speculate MODEL_DIR [--prompts FILE] [--max-tokens N] [--k K]... [--repeats R] [--no-eos] [--fixed] "
-               "[--threads N] [--json]\n",
+    std::fputs("usage: gdn speculate MODEL_DIR [--prompts FILE] [--max-tokens N] [--k K]... [--repeats R] [--no-eos] [--fixed]\n"
+               "                     [--threads N] [--json] [--pack | --in-place | --image FILE]\n",
                stderr);
     return 2;
   }
@@ -53,9 +54,11 @@ int speculate(int argc, char** argv) {
   int max_tokens = 64, threads = 0, repeats = 5;
   bool json = false, fixed = false, no_eos = false;
   std::vector<int> ks;
+  ModelParams load;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     const bool v = i + 1 < argc;
+    if (parse_load_flag(argc, argv, i, load)) continue;
     if (a == "--prompts" && v) prompts_file = argv[++i];
     else if (a == "--max-tokens" && v) max_tokens = std::stoi(argv[++i]);
     else if (a == "--k" && v) ks.push_back(std::stoi(argv[++i]));
@@ -80,7 +83,7 @@ int speculate(int argc, char** argv) {
     texts = {"The capital of France is", "1 2 3 4 5 6 7 8", "Once upon a time", "def fibonacci(n):"};
   }
   const Tokenizer tok = Tokenizer::load((std::filesystem::path(dir) / "tokenizer.json").string());
-  auto model = Model::load(dir);
+  auto model = Model::load(dir, load);
   if (!model->has_mtp()) throw Error(Status::unsupported_model, fmt::format("'{}' has no MTP head", dir));
   const int max_k = *std::max_element(ks.begin(), ks.end());
   ContextParams cp;

@@ -64,6 +64,7 @@ struct DoctorOptions {
   bool quick = false;      // shorter probes (tests, deploy hooks): seconds even on a large model
   int threads = 0;         // 0: one per hardware thread
   Backend backend = Backend::cpu;  // where the doctor's contexts run
+  ModelParams load;                // how the model is loaded (its weights and packed_image; backend above)
   FaultInjection faults;   // injected into every Context the doctor creates
   std::optional<DType> state_dtype;  // as ContextParams::state_dtype (default: the config's)
 };

@@ -39,6 +39,22 @@ struct SafetensorsHeader {
 // Parses and validates the header of a complete safetensors file held in `file`. `what` names the
 // file in error messages. Throws gdn::Error(invalid_file) on any defect.
 SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file, std::string_view what);
+// The same from the file's first bytes only: `head` holds at least the length field and the JSON,
+// `file_size` is the whole file's (every range is checked against it).
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> head, std::uint64_t file_size, std::string_view what);
+// Reads and validates only the header of the file at `path` (two reads; the data is neither mapped
+// nor read). Throws gdn::Error(io_error) when it cannot be read.
+SafetensorsHeader read_safetensors_header(const std::string& path);
+
+// The files of a checkpoint directory: model.safetensors, or the shards model.safetensors.index.json
+// lists (sorted, plain names inside the directory), and the index's tensor → shard map (empty
+// without an index). Throws gdn::Error(io_error | invalid_file) naming the defect.
+struct CheckpointFiles {
+  std::vector<std::string> shards;                            // file names, sorted
+  std::unordered_map<std::string, std::string> weight_map;    // tensor → shard file name
+  std::string index_path;                                     // empty without an index
+};
+CheckpointFiles checkpoint_files(const std::string& dir);
 
 // One memory-mapped, validated safetensors file.
 class SafetensorsFile {
@@ -74,6 +90,7 @@ class Checkpoint {
   std::size_t shard_count() const noexcept { return shards_.size(); }
   // The bytes of shard i (header and data), as mapped.
   std::span<const std::byte> shard_bytes(std::size_t i) const noexcept { return shards_[i]->bytes(); }
+  const SafetensorsFile& shard(std::size_t i) const noexcept { return *shards_[i]; }
 
  private:
   std::string dir_;

@@ -21,6 +21,27 @@ namespace detail { struct ModelInternals; }
 // ContextParams::device says otherwise.
 enum class Backend : int { cpu = 0, cuda = 1 };
 
+// Where the CPU backend reads the bf16 projections from (docs/performance.md says what each costs).
+//   packed    an anonymous copy in the order this process's projection kernel reads (AMX tiles or
+//             AVX-512 panels), made at load: decode streams it sequentially (~94% of the memory
+//             roofline on AVX-512), but every process pays the weights' size in memory and a pass
+//             over the checkpoint on every load.
+//   image     the same order read from a packed image file written once by `gdn pack`
+//             (gdn/model/packed_image.hpp), memory-mapped: no copy, no anonymous memory, the page
+//             cache shared by every process that maps it.
+//   in_place  the mapped checkpoint as it is (the AVX-512 kernel transposes each block on the way:
+//             about 53% of the roofline); the only form on CPUs whose kernel reads no image (AVX2,
+//             scalar) and for f16 / f32 weights.
+// As a request: automatic (the default) takes a valid image when there is one, else packs when the
+// packed copy fits the memory this process can get (system_memory(), with a margin), else reads in
+// place; whenever it takes something other than the fastest form, and whenever it refuses an
+// image (stale, foreign, truncated, corrupt), it says so in one line (ModelParams::notice). packed
+// packs at load (an image is not looked for) and refuses (out_of_capacity) a copy that does not
+// fit; image requires a valid image (invalid_file / io_error naming why); in_place never packs nor
+// maps one.
+enum class WeightPlacement : int { automatic = 0, packed = 1, in_place = 2, image = 3 };
+const char* weight_placement_name(WeightPlacement p) noexcept;  // "automatic", "packed", "in place", "image"
+
 struct ModelParams {
   bool load_mtp = true;  // bind the mtp.* head when the checkpoint has one
   // The backend whose form of the weights is made at load: the CPU's packed images (below), or the
@@ -28,13 +49,16 @@ struct ModelParams {
   // context is created.
   Backend backend = Backend::cpu;
   int device = 0;  // the CUDA device the load uploads to (backend cuda)
-  // When this process's projection kernel reads an image (AMX, AVX-512): copy the bf16 projections
-  // into the kernel's order (once, for the CPU backend), so decode streams weights sequentially.
-  // Costs the weights' size in anonymous memory (the checkpoint's pages of them are let go) and one
-  // pass over the file. Off: the CPU backend reads the weights in place from the mapping.
-  bool pack_weights = true;
+  // Where the CPU backend reads the projections from (see WeightPlacement).
+  WeightPlacement weights = WeightPlacement::automatic;
+  // The packed image to look for (automatic, image): empty means
+  // default_packed_image_path(dir) (DIR/gdn-packed.<layout>.gdnimg, what `gdn pack DIR` writes).
+  std::string packed_image;
   // Called as loading reads the weights (packing or uploading them): progress(done_bytes, total_bytes).
   std::function<void(std::size_t, std::size_t)> progress;
+  // One line when loading chooses a slower form than asked for or refuses an image (and why);
+  // empty: the line goes to stderr.
+  std::function<void(const std::string&)> notice;
 };
 
 class Model {
@@ -51,9 +75,15 @@ class Model {
   const ModelWeights& weights() const noexcept { return weights_; }
   const ModelParams& params() const noexcept { return params_; }
   bool has_mtp() const noexcept { return weights_.mtp.has_value(); }
-  // Bytes of projection weights the CPU backend packed into its kernel's order (0: read in place,
-  // or no CPU context has needed them yet).
+  // Bytes of projection weights the CPU backend reads in its kernel's order, packed at load or mapped
+  // from an image (0: read in place, or no CPU context has needed them yet).
   std::size_t packed_bytes() const noexcept;
+  // What loading chose for the CPU backend: packed, image or in_place (in_place too when no CPU
+  // context has needed the weights yet), and the line it gave as notice (empty when none).
+  WeightPlacement weight_placement() const noexcept;
+  std::string weight_notice() const;
+  // The image mapped (weight_placement() == image), else empty.
+  std::string packed_image_path() const;
   const std::string& dir() const noexcept { return dir_; }
 
   // Reads the mapped checkpoint through once, so the first steps do not pay for page faults on a

@@ -80,6 +80,18 @@ struct ModelWeights {
   std::vector<const LinearWeight*> projections(bool include_mtp = true) const;
 };
 
+// A tensor the config implies, as bind_weights binds it.
+struct TensorSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  bool projection = false;  // a matrix the model multiplies by (what the CPU backend packs)
+  bool alias = false;       // lm_head of a tied model: the embedding again (its bytes are not counted twice)
+};
+// Every tensor bind_weights(ckpt, cfg, mtp) binds, for a checkpoint whose language-model tensors
+// start with `prefix` ("model.language_model.", "model." or ""), in binding order; with `mtp` the
+// MTP head's too. Reads nothing: for memory plans and tools that must not load the weights.
+std::vector<TensorSpec> model_tensor_specs(const ModelConfig& cfg, const std::string& prefix, bool mtp);
+
 // Checks every tensor the config implies (presence, dtype, shape) and binds it. Throws
 // gdn::Error(missing_tensor | tensor_mismatch) naming the tensor. load_mtp=false skips mtp.*.
 ModelWeights bind_weights(const io::Checkpoint& ckpt, const ModelConfig& cfg, bool load_mtp);

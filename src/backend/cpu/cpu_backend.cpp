@@ -7,7 +7,10 @@
 
 #include <fmt/format.h>
 
+#include "gdn/core/system_memory.hpp"
+
 #include "../backend.hpp"
+#include "host_memory.hpp"
 #include "cpu_state.hpp"
 #include "target.hpp"
 
@@ -65,7 +68,8 @@ CpuState::CpuState(const ModelConfig& config, const PreparedWeights& weights, co
   threads.resize(static_cast<std::size_t>(pool.size()));
   for (auto& t : threads) {
     t.delta.reserve(c.linear_key_head_dim, c.linear_value_head_dim);
-    t.state.assign(static_cast<std::size_t>(c.linear_key_head_dim * c.linear_value_head_dim), 0.0f);
+    t.state.assign(static_cast<std::size_t>(c.linear_key_head_dim) * static_cast<std::size_t>(c.linear_value_head_dim), 0.0f);
+    t.attention.assign(static_cast<std::size_t>(2 * attention_row_block * (c.num_attention_heads / c.num_key_value_heads)), 0.0f);
   }
   // Packed activations for the widest projection input (the MTP fc reads 2H), so no step allocates.
   threads[0].linear.reserve(std::max<std::int64_t>(U, p.max_output_rows), std::max({2 * H, I, Vd, qd, C}), p.matmul_input);
@@ -159,6 +163,21 @@ class CpuBackend final : public BackendInterface {
 }  // namespace cpu
 
 std::unique_ptr<BackendInterface> make_cpu_backend(std::shared_ptr<const Model> model, const BackendParams& params) {
+  // Refused before anything is allocated when it cannot fit: zeroing the buffers of a context larger
+  // than memory would get the process killed, not an error. The engine's output rows are counted too.
+  const ModelConfig& c = model->config();
+  const cpu::HostMemory need = cpu::host_memory(c, model->has_mtp(), params);
+  const std::int64_t outputs = static_cast<std::int64_t>(params.max_output_rows) * (c.vocab_size + c.hidden_size) * 4;
+  const std::int64_t total = need.total(params.slots) + outputs;
+  if (const SystemMemory mem = system_memory(); total > mem.available)
+    throw Error(Status::out_of_capacity,
+                fmt::format("a CPU context of {} sequences x {} positions needs {} ({} GDN state, {} KV cache, {} rollback log, "
+                            "{} work buffers, {} outputs) but {}; lower max_sequences, max_context, kv_pages or "
+                            "max_batch_tokens (gdn info prints the plan)",
+                            params.slots, params.max_context, format_bytes(total),
+                            format_bytes(params.slots * (need.conv_per_slot + need.recurrent_per_slot)), format_bytes(need.kv_bytes),
+                            format_bytes(params.slots * need.rollback_per_slot), format_bytes(need.scratch), format_bytes(outputs),
+                            mem.describe()));
   try {
     return std::make_unique<cpu::CpuBackend>(std::move(model), params);
   } catch (const std::bad_alloc&) {

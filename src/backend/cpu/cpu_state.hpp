@@ -23,9 +23,13 @@
 
 namespace gdn::cpu {
 
+// Query rows per attention task (kernels/attention.hpp): its softmax statistics are sized by it.
+inline constexpr std::int64_t attention_row_block = 16;
+
 struct ThreadScratch {
   DeltaRuleScratch delta;
   std::vector<float> state;   // one head's recurrent state widened to float (bf16 state)
+  std::vector<float> attention;  // running max and sum per query vector of an attention task: 2 · 16 · (Hq/Hkv)
   LinearWorkspace linear;     // packed activations of a projection (used by the calling thread, index 0)
 };
 

@@ -537,6 +537,14 @@ void LinearWorkspace::reserve(std::int64_t rows, std::int64_t in, MatmulInput in
   if (input == MatmulInput::bf16) get_floats(static_cast<std::size_t>(rows * in));
 }
 
+std::size_t LinearWorkspace::reserve_bytes(std::int64_t rows, std::int64_t in, MatmulInput input) {
+  rows = std::max<std::int64_t>(rows, 1);
+  const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32);
+  std::size_t bytes = std::max(packed_activation_elements(rows, kp), static_cast<std::size_t>(rows * kp)) * sizeof(std::uint16_t);
+  if (input == MatmulInput::bf16) bytes += static_cast<std::size_t>(rows * in) * sizeof(float);
+  return bytes;
+}
+
 void linear_multi(ThreadPool& pool, LinearWorkspace& ws, std::span<const LinearPart> parts, const float* x,
                   std::int64_t ldx, std::int64_t rows, MatmulInput input) {
   linear_multi(pool, ws, linear_kernel(), parts, x, ldx, rows, input);

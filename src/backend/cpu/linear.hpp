@@ -58,6 +58,8 @@ const char* linear_kernel_name() noexcept;
 class LinearWorkspace {
  public:
   void reserve(std::int64_t rows, std::int64_t in, MatmulInput input = MatmulInput::float32);
+  // Bytes reserve(rows, in, input) allocates (memory plans).
+  static std::size_t reserve_bytes(std::int64_t rows, std::int64_t in, MatmulInput input = MatmulInput::float32);
   std::uint16_t* get(std::size_t elements) {
     if (buf_.size() < elements) buf_.resize(elements);
     return buf_.data();

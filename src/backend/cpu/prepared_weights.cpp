@@ -7,13 +7,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <unordered_map>
 #include <cstdint>
+#include <cstring>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "gdn/core/error.hpp"
+#include "gdn/core/system_memory.hpp"
 #include "gdn/core/thread_pool.hpp"
 #include "gdn/io/safetensors.hpp"
+#include "gdn/model/packed_image.hpp"
 
 #include "../../model_internals.hpp"
 
@@ -89,22 +98,23 @@ void release_mapped_pages(std::uintptr_t lo, std::uintptr_t hi, const io::Checkp
   }
 }
 
+// The bf16 projections an image holds, in projections() order.
+std::vector<Linear*> bf16_projections(PreparedWeights& w) {
+  std::vector<Linear*> out;
+  for (const Linear* p : w.projections())
+    if (p->w->dtype == DType::bf16) out.push_back(const_cast<Linear*>(p));
+  return out;
+}
+
 // Copies every bf16 projection into the kernel's image (one anonymous, huge-page-backed block the
 // size of the weights) so decode streams the weights sequentially; then lets go of the checkpoint's
 // pages of those tensors (they stay in the page cache, where the embedding lookup and anything else
 // reading the views finds them).
-void pack(PreparedWeights& w, const io::Checkpoint& ckpt, const std::function<void(std::size_t, std::size_t)>& progress) {
-  const WeightImage layout = weight_image_layout(linear_kernel());
-  if (layout == WeightImage::none) return;
-  std::vector<Linear*> todo;
-  std::size_t elements = 0;
-  for (const Linear* p : w.projections())
-    if (p->w->dtype == DType::bf16) {
-      todo.push_back(const_cast<Linear*>(p));
-      elements += weight_image_elements(layout, p->out(), p->in());
-    }
+void pack(PreparedWeights& w, WeightImage layout, const io::Checkpoint& ckpt,
+          const std::function<void(std::size_t, std::size_t)>& progress) {
+  const std::vector<Linear*> todo = bf16_projections(w);
   if (todo.empty()) return;
-  w.packed = AnonymousMemory(elements * sizeof(std::uint16_t));
+  w.packed = AnonymousMemory(packed_bytes(w, layout));
   auto* base = reinterpret_cast<std::uint16_t*>(w.packed.data());
   std::size_t offset = 0;
   for (Linear* p : todo) {
@@ -133,9 +143,174 @@ void pack(PreparedWeights& w, const io::Checkpoint& ckpt, const std::function<vo
     done += p->w->nbytes();
     if (progress) progress(done, total);
   }
+  w.image_bytes = w.packed.size();
+}
+
+// Points every bf16 projection at its image in the packed image file at `path`, after checking
+// that the file is a valid image of this checkpoint for this layout. Throws gdn::Error naming why
+// not (nothing is changed then).
+void map_image(PreparedWeights& w, WeightImage layout, const io::Checkpoint& ckpt, const std::string& path) {
+  auto file = std::make_unique<io::MappedFile>(path, /*huge_pages=*/true);
+  const PackedImageHeader h = parse_packed_image_header(file->bytes(), path);
+  if (h.layout != weight_image_name(layout))
+    throw Error(Status::invalid_file, fmt::format("{}: the image is in the {} layout, this CPU's kernel ({}) reads {}", path,
+                                                  h.layout, linear_kernel_name(), weight_image_name(layout)));
+  std::vector<std::string> names;
+  for (const auto& t : h.tensors) names.push_back(t.name);
+  if (checkpoint_fingerprint(ckpt, names) != h.fingerprint)
+    throw Error(Status::invalid_file,
+                fmt::format("{}: the image is stale or foreign: it was packed from a checkpoint with fingerprint {}, and {} has "
+                            "{} (its files, headers or values changed); run gdn pack again",
+                            path, h.fingerprint, ckpt.dir(), checkpoint_fingerprint(ckpt, names)));
+  std::unordered_map<std::string, const PackedImageTensor*> by_name;
+  for (const auto& t : h.tensors) by_name.emplace(t.name, &t);
+  const std::vector<Linear*> todo = bf16_projections(w);
+  const std::vector<std::string> want = projection_names(w, ckpt);
+  std::vector<const std::uint16_t*> images;
+  std::size_t bytes = 0;
+  std::size_t k = 0;
+  for (const Linear* p : w.projections()) {
+    const std::string& name = want[k++];
+    if (p->w->dtype != DType::bf16) continue;
+    const auto it = by_name.find(name);
+    if (name.empty() || it == by_name.end())
+      throw Error(Status::invalid_file, fmt::format("{}: the image holds no '{}'", path, name.empty() ? "(unnamed)" : name));
+    const PackedImageTensor& t = *it->second;
+    if (t.rows != p->out() || t.cols != p->in())
+      throw Error(Status::invalid_file, fmt::format("{}: the image's '{}' is [{}, {}]; the model's is [{}, {}]", path, name, t.rows,
+                                                    t.cols, p->out(), p->in()));
+    images.push_back(reinterpret_cast<const std::uint16_t*>(file->bytes().data() + t.offset));
+    bytes += t.bytes;
+  }
+  for (std::size_t i = 0; i < todo.size(); ++i) {
+    todo[i]->image = images[i];
+    todo[i]->layout = layout;
+  }
+  w.image_bytes = bytes;
+  w.image = std::move(file);
+}
+
+void notify(const Model& model, const std::string& line) {
+  if (model.params().notice) model.params().notice(line);
+  else fmt::print(stderr, "{}\n", line);
+}
+
+// WeightPlacement's rules (gdn/model/model.hpp).
+void place(PreparedWeights& w, const Model& model, const std::function<void(std::size_t, std::size_t)>& progress) {
+  const ModelParams& mp = model.params();
+  const io::Checkpoint& ckpt = detail::ModelInternals::checkpoint(model);
+  const WeightImage layout = weight_image_layout(linear_kernel());
+  const std::size_t need = packed_bytes(w, layout);
+  w.placement = WeightPlacement::in_place;
+  if (mp.weights == WeightPlacement::in_place) return;
+  if (layout == WeightImage::none || need == 0) {
+    if (mp.weights == WeightPlacement::image)
+      throw Error(Status::unsupported_model,
+                  fmt::format("{}: no packed image can be used: {}", model.dir(),
+                              layout == WeightImage::none
+                                  ? fmt::format("this CPU's projection kernel ({}) reads the weights in place", linear_kernel_name())
+                                  : std::string("the model has no bf16 projections")));
+    return;
+  }
+  const std::string path = mp.packed_image.empty() ? default_packed_image_path(model.dir()) : mp.packed_image;
+  std::string refused;
+  if (mp.weights == WeightPlacement::packed) {
+    // Packing asked for: no image is looked for.
+  } else if (std::filesystem::exists(path)) {
+    try {
+      map_image(w, layout, ckpt, path);
+      w.placement = WeightPlacement::image;
+      if (progress) progress(need, need);
+      return;
+    } catch (const Error& e) {
+      if (mp.weights == WeightPlacement::image) throw;
+      refused = e.what();
+    }
+  } else if (mp.weights == WeightPlacement::image || !mp.packed_image.empty()) {
+    if (mp.weights == WeightPlacement::image)
+      throw Error(Status::io_error, fmt::format("{}: no packed image at '{}' (write one with: gdn pack {})", model.dir(), path, model.dir()));
+    refused = fmt::format("'{}' does not exist", path);
+  }
+  // Pack when the copy fits what this process can get, with room for contexts and the rest of the
+  // process: an eighth of the copy, at least 512 MiB.
+  const SystemMemory mem = system_memory();
+  const std::int64_t margin = packing_margin(static_cast<std::int64_t>(need));
+  std::string why;  // why the weights are not packed
+  if (static_cast<std::int64_t>(need) + margin <= mem.available) {
+    try {
+      pack(w, layout, ckpt, progress);
+      w.placement = WeightPlacement::packed;
+      if (!refused.empty()) {
+        w.notice = fmt::format("gdn: not using the packed image ({}); packed the weights at load instead", refused);
+        notify(model, w.notice);
+      }
+      return;
+    } catch (const Error& e) {
+      // The mapping was refused (overcommit, an address-space limit): read in place instead.
+      if (mp.weights == WeightPlacement::packed || e.status() != Status::out_of_capacity) throw;
+      for (Linear* p : bf16_projections(w)) {
+        p->image = nullptr;
+        p->layout = WeightImage::none;
+      }
+      w.packed = AnonymousMemory();
+      why = e.what();
+    }
+  } else {
+    why = fmt::format("packing them for the {} kernel needs {} (+{} margin), {}", linear_kernel_name(),
+                      format_bytes(static_cast<std::int64_t>(need)), format_bytes(margin), mem.describe());
+  }
+  if (mp.weights == WeightPlacement::packed)
+    throw Error(Status::out_of_capacity, fmt::format("{}: cannot pack the weights: {}; read them in place (--in-place) or write a "
+                                                     "packed image once (gdn pack {})",
+                                                     model.dir(), why, model.dir()));
+  w.notice = fmt::format("gdn: {}reading the weights of {} in place: {}; decode runs slower than from a packed image "
+                         "(write one with: gdn pack {})",
+                         refused.empty() ? std::string() : fmt::format("not using the packed image ({}); ", refused), model.dir(),
+                         why, model.dir());
+  notify(model, w.notice);
 }
 
 }  // namespace
+
+std::size_t packed_bytes(const PreparedWeights& w, WeightImage layout) {
+  std::size_t elements = 0;
+  for (const Linear* p : w.projections())
+    if (p->w->dtype == DType::bf16) elements += weight_image_elements(layout, p->out(), p->in());
+  return elements * sizeof(std::uint16_t);
+}
+
+std::vector<std::string> projection_names(const PreparedWeights& w, const io::Checkpoint& ckpt) {
+  std::unordered_map<const std::byte*, std::string> by_data;
+  for (const auto& name : ckpt.names()) by_data.emplace(ckpt.find(name).data, name);
+  std::vector<std::string> out;
+  for (const Linear* p : w.projections()) {
+    const auto it = by_data.find(p->w->data);
+    if (it != by_data.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    // A copy made because the file's data was not aligned: the tensor of that shape and content.
+    std::string name;
+    for (const auto& n : ckpt.names()) {
+      const TensorView t = ckpt.find(n);
+      if (t.dtype == p->w->dtype && t.rank == p->w->rank && t.shape == p->w->shape &&
+          std::memcmp(t.data, p->w->data, t.nbytes()) == 0) {
+        name = n;
+        break;
+      }
+    }
+    out.push_back(name);
+  }
+  return out;
+}
+
+const char* weight_image_name(WeightImage layout) noexcept {
+  switch (layout) {
+    case WeightImage::panels: return "panels";
+    case WeightImage::amx_tiles: return "amx_tiles";
+    default: return "none";
+  }
+}
 
 std::vector<const Linear*> PreparedWeights::projections() const {
   std::vector<const Linear*> out;
@@ -168,7 +343,7 @@ std::shared_ptr<const PreparedWeights> prepare_weights(const Model& model,
       m.layer = layer_weights(mw.mtp->layer, c);
       w->mtp = std::move(m);
     }
-    if (model.params().pack_weights) pack(*w, detail::ModelInternals::checkpoint(model), progress);
+    place(*w, model, progress);
     return w;
   });
   return std::static_pointer_cast<const PreparedWeights>(made);

@@ -1,16 +1,19 @@
 #pragma once
 // The CPU backend's form of a model's weights, made once per model and shared by its contexts:
 // each projection with its image in the projection kernel's order (when the kernel reads one and
-// the model was loaded with pack_weights), the conv taps tap-major in float32, and pointers to the
-// neutral float vectors of ModelWeights (which the Model keeps alive).
+// the model's WeightPlacement gives one: packed at load, or mapped from a packed image file), the
+// conv taps tap-major in float32, and pointers to the neutral float vectors of ModelWeights (which
+// the Model keeps alive).
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gdn/core/anonymous_memory.hpp"
+#include "gdn/io/mapped_file.hpp"
 #include "gdn/model/model.hpp"
 
 #include "linear.hpp"
@@ -70,10 +73,28 @@ struct PreparedWeights {
   const float* final_norm_scale = nullptr;
   Linear lm_head;
   std::optional<MtpWeights> mtp;
-  AnonymousMemory packed;  // the images (pack_weights), one huge-page-backed block
+  AnonymousMemory packed;                  // the images packed at load, one huge-page-backed block
+  std::unique_ptr<io::MappedFile> image;   // or the packed image file they are read from
+  WeightPlacement placement = WeightPlacement::in_place;
+  std::size_t image_bytes = 0;             // bytes of projection images in use (packed or mapped)
+  std::string notice;                      // the line loading gave about its choice (empty: none)
 
   std::vector<const Linear*> projections() const;
 };
+
+// Bytes of the packed images of a model's bf16 projections in `layout` (what packing allocates and
+// an image file holds).
+std::size_t packed_bytes(const PreparedWeights& w, WeightImage layout);
+// The checkpoint name of each projection's weight (lm_head of a tied model: the embedding's), in
+// projections() order; empty for one the checkpoint does not name (a realigned copy).
+std::vector<std::string> projection_names(const PreparedWeights& w, const io::Checkpoint& ckpt);
+const char* weight_image_name(WeightImage layout) noexcept;  // "panels", "amx_tiles", "none"
+// The memory packing leaves free beyond the packed copy (for contexts and the rest of the
+// process): an eighth of the copy, at least 512 MiB.
+inline std::int64_t packing_margin(std::int64_t packed) noexcept {
+  return packed / 8 > (std::int64_t{512} << 20) ? packed / 8 : std::int64_t{512} << 20;
+}
+
 
 inline constexpr const char* prepared_weights_key = "cpu";
 

@@ -62,16 +62,19 @@ inline void attention_accumulate_values(float* const* o, int G, float* const* p,
 // Rows [r0, r1) of segment s, query heads g·group .. g·group + group − 1 of kv head g. The query
 // heads of a row are processed together (up to 4): each key and value row is loaded once for them,
 // and the outputs stay in registers over a block of positions. Per query vector the operations do
-// not depend on how many rows the task holds. group ≤ 64 (config validation).
+// not depend on how many rows the task holds. `stats` holds 2 · (r1 − r0) · group floats (the
+// running max and sum of each query vector; the caller's per-thread scratch, sized for any group).
 inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std::int32_t>& pages, const PassSegment& s,
-                   std::int64_t r0, std::int64_t r1, int Hq, int hd, int group, float scale, const AttentionRows& b) {
+                   std::int64_t r0, std::int64_t r1, int Hq, int hd, int group, float scale, const AttentionRows& b,
+                   float* stats) {
   const int ps = kv.page_size();
   constexpr int pos_block = 64;
   const float* kp[pos_block];
   const float* vp[pos_block];
   const int nq = static_cast<int>((r1 - r0) * group);
-  float mx[16 * 64], sum[16 * 64];  // row_block × group
-  float scb[4 * pos_block];         // scores of up to 4 heads over one block
+  float* mx = stats;
+  float* sum = stats + nq;
+  float scb[4 * pos_block];  // scores of up to 4 heads over one block
   for (int q = 0; q < nq; ++q) {
     mx[q] = -INFINITY;
     sum[q] = 0.0f;

@@ -232,12 +232,13 @@ class Kernels {
     const int Hq = c_.num_attention_heads, Hkv = c_.num_key_value_heads, hd = c_.head_dim;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const int group = Hq / Hkv;
-    constexpr std::int64_t row_block = 16;
+    constexpr std::int64_t row_block = attention_row_block;
     const auto segs = plan_.segments;
     std::int64_t tasks = 0;
     for (const auto& sg : segs) tasks += Hkv * ((sg.n + row_block - 1) / row_block);
     const AttentionRows rows{s_.aux.data(), s_.proj.data(), s_.ld_proj, s_.core.data()};
-    ex_.pool.parallel_for(tasks, 1, [&](std::int64_t i0, std::int64_t i1, int) {
+    ex_.pool.parallel_for(tasks, 1, [&](std::int64_t i0, std::int64_t i1, int thread) {
+      float* stats = ex_.threads[static_cast<std::size_t>(thread)].attention.data();
       for (std::int64_t i = i0; i < i1; ++i) {
         std::int64_t t = i;
         std::size_t si = 0;
@@ -249,7 +250,8 @@ class Kernels {
         const auto& sg = segs[si];
         const int g = static_cast<int>(t % Hkv);
         const std::int64_t r0 = (t / Hkv) * row_block, r1 = std::min(sg.n, r0 + row_block);
-        attend(s_.kv, kv_layer, g, plan_.page_tables[static_cast<std::size_t>(sg.slot)], sg, r0, r1, Hq, hd, group, scale, rows);
+        attend(s_.kv, kv_layer, g, plan_.page_tables[static_cast<std::size_t>(sg.slot)], sg, r0, r1, Hq, hd, group, scale, rows,
+               stats);
       }
     });
   }

@@ -1,0 +1,188 @@
+// The packed weight image (gdn/model/packed_image.hpp): written once, mapped by every load; logits
+// from it are bit-identical to packing at load and to reading in place, on every fixture layout;
+// loading finds it where `gdn pack` puts it; a refused image (its refusals are catalogued in
+// test_bad_inputs) falls back to the checkpoint with one line naming why; a sparse checkpoint
+// gives a sparse image; and the header's codec and layout sizes agree with the kernels'.
+
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/linear.hpp"
+#include "gdn/io/safetensors.hpp"
+#include "gdn/model/memory_plan.hpp"
+#include "gdn/model/packed_image.hpp"
+#include "random_checkpoint.hpp"
+#include "test_util.hpp"
+
+using namespace gdn;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<float> logits_of(const std::shared_ptr<const Model>& model) {
+  ContextParams p;
+  p.max_sequences = 1;
+  p.max_context = 80;
+  p.max_batch_tokens = 80;
+  p.threads = 2;
+  Context ctx(model, p);
+  std::vector<Token> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(static_cast<Token>((i * 37 + 5) % model->config().vocab_size));
+  return test::prefill_logits(ctx, prompt);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool kernel_reads_images() { return !default_packed_image_path(".").empty(); }
+
+}  // namespace
+
+TEST_CASE("packed image layouts have the kernels' sizes", "[image]") {
+  for (const auto& [rows, cols] : std::vector<std::pair<int, int>>{{1, 1}, {31, 33}, {32, 64}, {33, 65}, {248, 5120}, {600, 17}}) {
+    CHECK(packed_layout_elements("panels", rows, cols) == cpu::weight_image_elements(cpu::WeightImage::panels, rows, cols));
+    CHECK(packed_layout_elements("amx_tiles", rows, cols) == cpu::weight_image_elements(cpu::WeightImage::amx_tiles, rows, cols));
+  }
+  CHECK(packed_layout_elements("none", 32, 32) == 0);
+}
+
+TEST_CASE("the header round-trips and lays tensors out aligned", "[image]") {
+  PackedImageHeader h;
+  h.layout = "panels";
+  h.layout_version = packed_layout_version("panels");
+  h.fingerprint = "abc";
+  h.writer = "test";
+  h.tensors = {{"a", 33, 65, 0, packed_layout_elements("panels", 33, 65) * 2}, {"b", 1, 1, 0, packed_layout_elements("panels", 1, 1) * 2}};
+  const std::string head = encode_packed_image_header(h);
+  CHECK(head.size() == h.data_offset);
+  CHECK(h.data_offset % PackedImageHeader::alignment == 0);
+  std::vector<std::byte> file(h.file_bytes);
+  std::memcpy(file.data(), head.data(), head.size());
+  const PackedImageHeader p = parse_packed_image_header(file, "t.gdnimg");
+  CHECK(p.layout == "panels");
+  CHECK(p.fingerprint == "abc");
+  REQUIRE(p.tensors.size() == 2);
+  CHECK(p.tensors[1].offset % PackedImageHeader::alignment == 0);
+  CHECK(p.tensors[1].offset >= p.tensors[0].offset + p.tensors[0].bytes);
+  CHECK(p.file_bytes == file.size());
+}
+
+TEST_CASE("logits from a mapped image equal packing at load and reading in place", "[image]") {
+  if (!kernel_reads_images()) {
+    WARN("SKIPPED: this CPU's projection kernel reads weights in place (no image layout)");
+    return;
+  }
+  for (const char* fixture : {"qwen35_tied", "qwen35_cond_mtp", "qwen35_f32params", "qwen3next_dense"}) {
+    INFO("fixture " << fixture);
+    test::TempDir dir("image");
+    const fs::path copy = fs::path(dir.str()) / fixture;
+    fs::copy(test::fixture_model(fixture), copy, fs::copy_options::recursive);
+    const PackImageResult r = write_packed_image(copy.string());
+    CHECK(r.path == default_packed_image_path(copy.string()));
+    CHECK(fs::file_size(r.path) == r.file_bytes);
+    // Found where gdn pack puts it, without being named.
+    std::vector<std::string> notices;
+    ModelParams mp;
+    mp.notice = [&](const std::string& line) { notices.push_back(line); };
+    const auto mapped = Model::load(copy.string(), mp);
+    CHECK(mapped->weight_placement() == WeightPlacement::image);
+    CHECK(mapped->packed_image_path() == r.path);
+    CHECK(notices.empty());
+    ModelParams in_place, packed;
+    in_place.weights = WeightPlacement::in_place;
+    packed.packed_image = (copy / "no-such-image").string();  // not found: packs (with a notice)
+    packed.notice = [](const std::string&) {};
+    const auto m_packed = Model::load(copy.string(), packed);
+    CHECK(m_packed->weight_placement() == WeightPlacement::packed);
+    CHECK(m_packed->packed_bytes() == mapped->packed_bytes());
+    // Packing asked for packs although a valid image is there (no image looked for, no notice),
+    // and the plan says the same.
+    ModelParams pack_asked;
+    pack_asked.weights = WeightPlacement::packed;
+    pack_asked.notice = [&](const std::string& line) { notices.push_back(line); };
+    const auto m_pack_asked = Model::load(copy.string(), pack_asked);
+    CHECK(m_pack_asked->weight_placement() == WeightPlacement::packed);
+    CHECK(m_pack_asked->packed_image_path().empty());
+    CHECK(notices.empty());
+    const MemoryPlan pack_plan = plan_memory(copy.string(), ContextParams{}, pack_asked);
+    CHECK(pack_plan.weights == WeightPlacement::packed);
+    CHECK(pack_plan.packed_image.empty());
+    CHECK(plan_memory(copy.string()).weights == WeightPlacement::image);
+    const auto l = logits_of(mapped);
+    CHECK(same_bits(l, logits_of(m_packed)));
+    CHECK(same_bits(l, logits_of(m_pack_asked)));
+    CHECK(same_bits(l, logits_of(Model::load(copy.string(), in_place))));
+    // The fingerprint read from the files equals the one from the mapping.
+    const PackedImageHeader h = read_packed_image_header(r.path);
+    std::vector<std::string> names;
+    for (const auto& t : h.tensors) names.push_back(t.name);
+    CHECK(checkpoint_fingerprint(copy.string(), names) == h.fingerprint);
+    CHECK(checkpoint_fingerprint(io::Checkpoint(copy.string()), names) == h.fingerprint);
+  }
+}
+
+TEST_CASE("a refused image falls back to the checkpoint with one line saying why", "[image]") {
+  if (!kernel_reads_images()) {
+    WARN("SKIPPED: this CPU's projection kernel reads weights in place (no image layout)");
+    return;
+  }
+  test::TempDir dir("image_refused");
+  const fs::path copy = fs::path(dir.str()) / "m";
+  fs::copy(test::fixture_model("qwen35_tied"), copy, fs::copy_options::recursive);
+  const PackImageResult r = write_packed_image(copy.string());
+  fs::resize_file(r.path, r.file_bytes - 4096);  // truncated
+  std::vector<std::string> notices;
+  ModelParams mp;
+  mp.notice = [&](const std::string& line) { notices.push_back(line); };
+  const auto m = Model::load(copy.string(), mp);
+  CHECK(m->weight_placement() == WeightPlacement::packed);
+  REQUIRE(notices.size() == 1);
+  CHECK_THAT(notices[0], Catch::Contains("not using the packed image") && Catch::Contains("truncated") &&
+                             Catch::Contains("packed the weights at load instead"));
+  // The plan sees the same.
+  const MemoryPlan plan = plan_memory(copy.string());
+  CHECK(plan.weights == WeightPlacement::packed);
+  CHECK_THAT(plan.weights_reason, Catch::Contains("truncated"));
+  // In place never looks at it.
+  notices.clear();
+  mp.weights = WeightPlacement::in_place;
+  CHECK(Model::load(copy.string(), mp)->weight_placement() == WeightPlacement::in_place);
+  CHECK(notices.empty());
+}
+
+TEST_CASE("a sparse checkpoint gives a sparse image", "[image]") {
+  if (!kernel_reads_images()) {
+    WARN("SKIPPED: this CPU's projection kernel reads weights in place (no image layout)");
+    return;
+  }
+  test::TempDir dir("image_sparse");
+  test::RandomModelSpec s;
+  s.hidden = 256;
+  s.ffn = 512;
+  test::write_random_checkpoint(s, dir.str());
+  // Zero every projection but the embedding (as a sparse all-zero checkpoint has them).
+  auto tensors = test::read_tensors(dir.str());
+  for (auto& [name, t] : tensors)
+    if (t.shape.size() == 2 && name.find("embed") == std::string::npos) std::fill(t.bytes.begin(), t.bytes.end(), std::byte{0});
+  test::write_safetensors((fs::path(dir.str()) / "model.safetensors").string(), tensors);
+  const PackImageResult r = write_packed_image(dir.str());
+  struct stat st {};
+  REQUIRE(::stat(r.path.c_str(), &st) == 0);
+  // Only the header and the tied lm_head (the embedding, not zero) are written.
+  const auto embedding = static_cast<std::uint64_t>(s.vocab) * s.hidden * 2;
+  CHECK(r.written_bytes <= 3 * embedding + (64u << 10));
+  CHECK(static_cast<std::uint64_t>(st.st_blocks) * 512 < r.file_bytes / 2);
+  const auto m = Model::load(dir.str());
+  CHECK(m->weight_placement() == WeightPlacement::image);
+  ModelParams in_place;
+  in_place.weights = WeightPlacement::in_place;
+  CHECK(same_bits(logits_of(m), logits_of(Model::load(dir.str(), in_place))));
+}

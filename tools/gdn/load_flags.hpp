@@ -1,0 +1,28 @@
+#pragma once
+// --pack / --in-place / --image FILE: where the CPU backend reads the weights from, on every command
+// that loads a model (gdn/model/model.hpp, WeightPlacement): --pack packs them at load (no image is
+// looked for), --in-place reads the mapped checkpoint, --image FILE names the packed image to map.
+// Without one, loading decides: a packed image when there is a valid one (MODEL_DIR/
+// gdn-packed.<layout>.gdnimg, or the --image FILE), else packing when it fits the memory available,
+// else in place; an image that is refused (stale, foreign, truncated, corrupt) is named in one line
+// on stderr and the checkpoint is used instead.
+
+#include <string_view>
+
+#include "gdn/model/model.hpp"
+
+namespace gdn::cli {
+
+inline constexpr const char* load_flags_usage = "[--pack | --in-place | --image FILE]";
+
+// Consumes argv[i] (and its value) when it is one of the flags; false otherwise.
+inline bool parse_load_flag(int argc, char** argv, int& i, ModelParams& mp) {
+  const std::string_view a = argv[i];
+  if (a == "--pack") mp.weights = WeightPlacement::packed;
+  else if (a == "--in-place") mp.weights = WeightPlacement::in_place;
+  else if (a == "--image" && i + 1 < argc) mp.packed_image = argv[++i];
+  else return false;
+  return true;
+}
+
+}  // namespace gdn::cli
