@@ -22,6 +22,7 @@
 
 #include "gdn/core/error.hpp"
 #include "gdn/io/safetensors.hpp"
+#include "binary_io.hpp"
 
 namespace gdn {
 namespace {
@@ -30,26 +31,8 @@ constexpr char magic[8] = {'G', 'D', 'N', 'P', 'A', 'C', 'K', 0};
 constexpr std::uint64_t fixed_bytes = 16;          // magic, version, N
 constexpr std::uint64_t max_json = 64u << 20;      // a header of 64 MB is far beyond any model's
 
-std::uint32_t crc32_of(std::uint32_t crc, const void* data, std::uint64_t n) {
-  const auto* p = static_cast<const Bytef*>(data);
-  uLong c = crc;
-  while (n > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<std::uint64_t>(n, 1u << 30));
-    c = crc32(c, p, chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(c);
-}
-
-void put_u32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-std::uint32_t get_u32(const std::byte* p) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<std::uint32_t>(p[i]);
-  return v;
-}
+using detail::get_u32;
+using detail::put_u32;
 
 std::uint64_t round_up(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b * b; }
 
@@ -129,7 +112,7 @@ std::string encode_packed_image_header(PackedImageHeader& h) {
   put_u32(out, PackedImageHeader::format_version);
   put_u32(out, static_cast<std::uint32_t>(text.size()));
   out += text;
-  put_u32(out, crc32_of(crc32(0L, Z_NULL, 0), out.data(), out.size()));
+  put_u32(out, detail::crc32_of(out.data(), out.size()));
   out.resize(static_cast<std::size_t>(h.data_offset), '\0');
   return out;
 }
@@ -172,7 +155,7 @@ PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std
     bad(what, fmt::format("header length {} runs past the end of the {}-byte file (truncated?)", n, file_size));
   if (fixed_bytes + n + 4 > file.size()) throw Error(Status::internal, fmt::format("{}: image header passed without its JSON", what));
   const std::uint32_t stored = get_u32(file.data() + fixed_bytes + n);
-  if (crc32_of(crc32(0L, Z_NULL, 0), file.data(), fixed_bytes + n) != stored) bad(what, "header checksum mismatch (corrupted)");
+  if (detail::crc32_of(file.data(), fixed_bytes + n) != stored) bad(what, "header checksum mismatch (corrupted)");
 
   nlohmann::json j;
   try {
@@ -259,9 +242,9 @@ PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std
 class Fingerprint {
  public:
   void shard(const std::string& name, std::uint64_t size, std::span<const std::byte> header) {
-    files_ = crc32_of(files_, name.data(), name.size());
-    files_ = crc32_of(files_, &size, sizeof size);
-    files_ = crc32_of(files_, header.data(), header.size());
+    files_ = detail::crc32_update(files_, name.data(), name.size());
+    files_ = detail::crc32_update(files_, &size, sizeof size);
+    files_ = detail::crc32_update(files_, header.data(), header.size());
     total_ += size;
   }
   // The byte ranges of a tensor of n bytes that are sampled: 4 KiB at its start, middle and end.
@@ -272,11 +255,11 @@ class Fingerprint {
     for (int i = 0; i < 3; ++i) out[static_cast<std::size_t>(i)] = {at[i], std::min(s, n - at[i])};
     return out;
   }
-  void data(std::span<const std::byte> bytes) { data_ = crc32_of(data_, bytes.data(), bytes.size()); }
+  void data(std::span<const std::byte> bytes) { data_ = detail::crc32_update(data_, bytes.data(), bytes.size()); }
   std::string str() const { return fmt::format("{:08x}-{:08x}-{:x}", files_, data_, total_); }
 
  private:
-  std::uint32_t files_ = static_cast<std::uint32_t>(crc32(0L, Z_NULL, 0)), data_ = files_;
+  std::uint32_t files_ = detail::crc32_initial(), data_ = files_;
   std::uint64_t total_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include "gdn/core/error.hpp"
 #include "gdn/io/safetensors.hpp"
 #include "gdn/model/model.hpp"
+#include "binary_io.hpp"
 
 namespace gdn {
 namespace {
@@ -17,26 +18,9 @@ namespace {
 constexpr char magic[8] = {'G', 'D', 'N', 'S', 'E', 'Q', 0, 0};
 constexpr std::uint64_t max_header = 1 << 20;
 
-std::uint32_t crc32_of(const void* data, std::uint64_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(data);
-  while (n > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<std::uint64_t>(n, 1u << 30));
-    crc = crc32(crc, p, chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
-
-void put_u32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-std::uint32_t get_u32(const std::byte* p) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<std::uint32_t>(p[i]);
-  return v;
-}
+using detail::crc32_of;
+using detail::get_u32;
+using detail::put_u32;
 
 [[noreturn]] void bad(std::string_view what, const std::string& why) {
   throw Error(Status::invalid_file, fmt::format("{}: invalid sequence state file: {}", what, why));
