@@ -16,6 +16,7 @@
 #include "gdn/core/error.hpp"
 
 #include "gemm_internal.hpp"
+#include "quant.hpp"
 
 #if GDN_X86
 #include <cpuid.h>
@@ -535,6 +536,7 @@ void LinearWorkspace::reserve(std::int64_t rows, std::int64_t in, MatmulInput in
   // The AMX kernel's tiles, or bf16 pairs (kp ≥ two per pair).
   get(std::max(packed_activation_elements(rows, kp), static_cast<std::size_t>(rows * kp)));
   if (input == MatmulInput::bf16) get_floats(static_cast<std::size_t>(rows * in));
+  get_quantized(static_cast<std::size_t>(rows * quant_activation_stride(in)));
 }
 
 std::size_t LinearWorkspace::reserve_bytes(std::int64_t rows, std::int64_t in, MatmulInput input) {
@@ -542,6 +544,7 @@ std::size_t LinearWorkspace::reserve_bytes(std::int64_t rows, std::int64_t in, M
   const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32);
   std::size_t bytes = std::max(packed_activation_elements(rows, kp), static_cast<std::size_t>(rows * kp)) * sizeof(std::uint16_t);
   if (input == MatmulInput::bf16) bytes += static_cast<std::size_t>(rows * in) * sizeof(float);
+  bytes += static_cast<std::size_t>(rows * quant_activation_stride(in)) + 64;
   return bytes;
 }
 
@@ -563,7 +566,8 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
   const std::uint32_t* pairs = nullptr;
   if (input == MatmulInput::bf16) {
     bool dot = false, rounded = false;
-    for (const auto& p : parts) (panel_part(k, *p.w) && k == LinearKernel::avx512bf16 ? dot : rounded) = true;
+    for (const auto& p : parts)
+      if (!is_quantized(p.image_layout)) (panel_part(k, *p.w) && k == LinearKernel::avx512bf16 ? dot : rounded) = true;
     if (dot) {
       auto* xp = reinterpret_cast<std::uint32_t*>(ws.get(static_cast<std::size_t>(rows * 2 * detail::bf16_pairs_per_row(in))));
       pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) { detail::pack_bf16_pairs(x, ldx, r0, r1, in, xp); });
@@ -580,8 +584,23 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
     }
   }
 
-  bool any_amx = false;
-  for (const auto& p : parts) any_amx |= amx_part(k, *p.w);
+  bool any_amx = false, any_quant = false;
+  for (const auto& p : parts) {
+    any_quant |= p.image != nullptr && is_quantized(p.image_layout);
+    any_amx |= amx_part(k, *p.w) && !is_quantized(p.image_layout);
+  }
+  // Quantised weights: the activations are quantised once for every part (quant.hpp), by the
+  // integer kernel that matches this call's kernel (a lowered kernel lowers it too).
+  const QuantKernel qk = k == LinearKernel::scalar ? QuantKernel::scalar
+                         : k == LinearKernel::avx2  ? std::min(QuantKernel::avx2, quant_kernel())
+                                                    : quant_kernel();
+  QuantActivations qx;
+  if (any_quant) {
+    const std::int64_t stride = quant_activation_stride(in);
+    std::byte* buf = ws.get_quantized(static_cast<std::size_t>(rows * stride));
+    pool.parallel_for(rows, 4, [&](std::int64_t r0, std::int64_t r1, int) { quantize_activations(x, ldx, r0, r1, in, buf); });
+    qx = QuantActivations{buf, in, round_up(in, 32), stride};
+  }
   const std::uint64_t call = ws.begin_call();
   const std::int64_t kp = round_up(in, 32), steps = kp / 32;
   std::uint16_t* xp = nullptr;
@@ -601,7 +620,7 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
   // sweeps; with more (prefill) as many rows as fit in about 1 MiB of L2, reused by every group.
   std::int64_t range_rows = 64;
   const bool panels = k == LinearKernel::avx512 || k == LinearKernel::avx512bf16;
-  if (panels || (k == LinearKernel::amx && rows <= 2 * group_rows)) {
+  if (panels || any_quant || (k == LinearKernel::amx && rows <= 2 * group_rows)) {
     std::int64_t total_rows = 0;
     for (const auto& p : parts) total_rows += p.w->dim(0);
     range_rows = std::clamp<std::int64_t>(total_rows / (4 * pool.size()) / 32 * 32, 32, 512);
@@ -626,6 +645,11 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
       const TensorView& W = *p.w;
       const std::int64_t out = W.dim(0);
       const std::int64_t n0 = (b - starts[i]) * range_rows, n1 = std::min(out, n0 + range_rows);
+      if (p.image != nullptr && is_quantized(p.image_layout)) {
+        quant_range(qk, p.image_layout == WeightImage::q8_0 ? QuantFormat::q8_0 : QuantFormat::q4_0,
+                    reinterpret_cast<const std::byte*>(p.image), in, out, n0, n1, qx, rows, p.y, p.ldy);
+        continue;
+      }
 #if GDN_X86
       if (amx_part(k, W)) {
         // The first range this thread runs in this call reloads the tile configuration.
@@ -667,12 +691,19 @@ std::size_t weight_image_elements(WeightImage layout, std::int64_t out, std::int
   switch (layout) {
     case WeightImage::amx_tiles: return static_cast<std::size_t>(round_up(out, 32) * round_up(in, 32));
     case WeightImage::panels: return static_cast<std::size_t>(detail::panel_image_elements(out, in));
+    case WeightImage::q8_0: return quant_image_bytes(QuantFormat::q8_0, out, in) / 2;
+    case WeightImage::q4_0: return quant_image_bytes(QuantFormat::q4_0, out, in) / 2;
     default: return 0;
   }
 }
 
 void pack_weight_image(WeightImage layout, const TensorView& W, std::int64_t row0, std::int64_t row1,
                        std::uint16_t* image) {
+  if (is_quantized(layout)) {
+    const QuantFormat f = layout == WeightImage::q8_0 ? QuantFormat::q8_0 : QuantFormat::q4_0;
+    auto* base = reinterpret_cast<std::byte*>(image);
+    return quantize_weight_image(f, W, row0, row1, base);
+  }
   if (W.dtype != DType::bf16 || W.rank != 2) throw Error(Status::internal, "pack_weight_image: a rank-2 bf16 weight expected");
   const std::int64_t out = W.dim(0), in = W.dim(1);
   if (row0 % 32 != 0 || (row1 % 32 != 0 && row1 != out) || row0 > row1 || row1 > out)

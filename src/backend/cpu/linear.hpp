@@ -68,6 +68,12 @@ class LinearWorkspace {
     if (floats_.size() < elements) floats_.resize(elements);
     return floats_.data();
   }
+  // The quantised activations of a call on quantised weights (64-byte aligned).
+  std::byte* get_quantized(std::size_t bytes) {
+    if (quantized_.size() < bytes + 64) quantized_.resize(bytes + 64);
+    auto* p = quantized_.data();
+    return p + (64 - reinterpret_cast<std::uintptr_t>(p) % 64) % 64;
+  }
   // Numbers the calls made with this workspace (the AMX kernel reloads its tile configuration once
   // per call and thread, not once per block of rows).
   std::uint64_t begin_call() noexcept { return ++calls_; }
@@ -75,6 +81,7 @@ class LinearWorkspace {
  private:
   std::vector<std::uint16_t> buf_;
   std::vector<float> floats_;
+  std::vector<std::byte> quantized_;
   std::uint64_t calls_ = 0;
 };
 
@@ -82,8 +89,11 @@ class LinearWorkspace {
 //   amx_tiles  16 rows × 32 columns per 1 KiB tile, the two tiles of each block of 32 rows
 //              alternating along k (src/cpu_gemm.cpp)
 //   panels     blocks of 32 rows, 128 bytes per pair of columns (src/cpu_gemm_panel.cpp)
+//   q8_0, q4_0 the weights block-quantised (quant.hpp), read by the integer kernels whatever the
+//              bf16 kernel is: not the checkpoint's values, so only ever asked for (ModelParams::quant)
 // Either way a block of 32 rows is one sequential stream.
-enum class WeightImage { none, amx_tiles, panels };
+enum class WeightImage { none, amx_tiles, panels, q8_0, q4_0 };
+inline bool is_quantized(WeightImage layout) noexcept { return layout == WeightImage::q8_0 || layout == WeightImage::q4_0; }
 WeightImage weight_image_layout(LinearKernel kernel) noexcept;
 
 // One projection of a fused call: y (rows of `ldy` floats) = x · wᵀ.

@@ -308,6 +308,8 @@ const char* weight_image_name(WeightImage layout) noexcept {
   switch (layout) {
     case WeightImage::panels: return "panels";
     case WeightImage::amx_tiles: return "amx_tiles";
+    case WeightImage::q8_0: return "q8_0";
+    case WeightImage::q4_0: return "q4_0";
     default: return "none";
   }
 }

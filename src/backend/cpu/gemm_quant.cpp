@@ -1,0 +1,494 @@
+// Quantised projection weights (q8_0, q4_0): quantisation of weights and activations, and the
+// integer dot-product kernels — AVX-512 VNNI (vpdpbusd), AVX2 (vpmaddubsw) and scalar. quant.hpp
+// states the formats and the arithmetic every kernel shares (so all give bit-identical results).
+//
+// Why integer dot products on two-part activations, not dequantise-and-FMA: a q4 weight dequantised
+// to float costs a shift, a mask, a widening and a conversion before its FMA, about 3.5 cycles per
+// 32 weights and 16 rows, which at batch 1 is already the memory's pace on this class of machine
+// (the kernel would be compute-bound); vpdpbusd multiplies 4 × 16 bytes and sums in one
+// instruction, so two of them (the high and low activation parts) cost far less than the weight
+// stream at batch 1 and keep batched decode and prefill ahead of the bf16 FMA kernel (one
+// vpdpbusd does 64 multiply-adds, an FMA 16).
+//
+// vpdpbusd multiplies unsigned by signed bytes: the activation parts are the signed operand, the
+// weights the unsigned one — q4 nibbles are stored as q + 8 ∈ [0, 15], q8 values are flipped to
+// q + 128 by one xor per 64 bytes — and the offset times the block's sum of activation parts is
+// subtracted from the int32 sum (exact). AVX2's vpmaddubsw saturates its 16-bit pair sums, which
+// 255 · 127 · 2 would: q8 goes through |q| and sign(h, q) (127 · 127 · 2 fits), q4's nibbles fit as
+// they are.
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "quant.hpp"
+#include "gdn/core/error.hpp"
+
+#include "gemm_internal.hpp"
+
+#if GDN_X86
+#include <immintrin.h>
+#define GDN_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace gdn::cpu {
+namespace {
+
+constexpr float low_part_weight = 1.0f / 254.0f;  // l's weight in x ≈ s (h + l / 254)
+
+std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
+std::int64_t int_bytes(QuantFormat f) { return f == QuantFormat::q8_0 ? 1024 : 512; }
+
+// Round to nearest, ties to even, for |v| < 2²² (float32 arithmetic, so the same in every build).
+inline float round_even(float v) {
+  constexpr float magic = 12582912.0f;  // 1.5 · 2²³
+  return v >= 0.0f ? (v + magic) - magic : -((-v + magic) - magic);
+}
+
+// float → IEEE half, round to nearest even (the scales: finite, ≥ 0 or ≤ 0; overflow saturates to
+// the largest half, since a scale is never meant to be infinite).
+std::uint16_t to_half(float f) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const float a = std::fabs(f);
+  if (!(a == a)) return static_cast<std::uint16_t>(sign | 0x7e00u);
+  if (a >= 65504.0f) return static_cast<std::uint16_t>(sign | 0x7bffu);
+  if (a < 6.103515625e-05f) {  // subnormal half: multiples of 2⁻²⁴
+    const auto m = static_cast<std::uint32_t>(round_even(a * 16777216.0f));
+    return static_cast<std::uint16_t>(sign | m);
+  }
+  const std::uint32_t au = std::bit_cast<std::uint32_t>(a);
+  std::uint32_t exp = (au >> 23) - 112u, man = au & 0x7fffffu;
+  std::uint32_t h = (exp << 10) | (man >> 13);
+  const std::uint32_t rest = man & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent: still right
+  return static_cast<std::uint16_t>(sign | std::min<std::uint32_t>(h, 0x7bffu));
+}
+
+float weight_at(const TensorView& W, std::int64_t n, std::int64_t k) {
+  const std::int64_t in = W.dim(1);
+  switch (W.dtype) {
+    case DType::bf16: return to_float(W.as<bf16>()[n * in + k]);
+    case DType::f16: return to_float(W.as<f16>()[n * in + k]);
+    case DType::f32: return W.as<float>()[n * in + k];
+    default: return 0.0f;
+  }
+}
+
+// Where (row n of a group, column j of a block) lives in a tile: byte, and for q4 the nibble.
+inline std::int64_t tile_byte(QuantFormat f, std::int64_t n, std::int64_t j) {
+  const std::int64_t p = n / 16, r = n % 16;
+  const std::int64_t g = f == QuantFormat::q8_0 ? j / 4 : (j % 16) / 4;
+  return g * 128 + p * 64 + r * 4 + j % 4;
+}
+inline bool high_nibble(std::int64_t j) { return j >= 16; }
+
+inline int tile_q(QuantFormat f, const std::uint8_t* t, std::int64_t n, std::int64_t j) {
+  const std::uint8_t b = t[tile_byte(f, n, j)];
+  if (f == QuantFormat::q8_0) return static_cast<std::int8_t>(b);
+  return (high_nibble(j) ? b >> 4 : b & 0xF) - 8;
+}
+inline float tile_scale(QuantFormat f, const std::uint8_t* t, std::int64_t n) {
+  std::uint16_t h;
+  std::memcpy(&h, t + int_bytes(f) + 2 * n, 2);
+  return to_float(f16{h});
+}
+
+// One row's parts of the quantised activations.
+struct ActRow {
+  const std::int8_t* hi;
+  const std::int8_t* lo;
+  const float* scale;
+  const std::int32_t* sums;  // [block][2]: Σh, Σl
+};
+inline ActRow act_row(const QuantActivations& x, std::int64_t r) {
+  const std::byte* p = x.data + r * x.stride;
+  return ActRow{reinterpret_cast<const std::int8_t*>(p), reinterpret_cast<const std::int8_t*>(p + x.kp),
+                reinterpret_cast<const float*>(p + 2 * x.kp),
+                reinterpret_cast<const std::int32_t*>(p + 2 * x.kp + x.kp / 32 * 4)};
+}
+
+// The shared epilogue of a block for one lane: see quant.hpp.
+inline float block_step(std::int32_t H, std::int32_t L, float s, float d, float acc) {
+  const float t = std::fma(static_cast<float>(L), low_part_weight, static_cast<float>(H));
+  return std::fma(d, t * s, acc);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Scalar.
+
+void scalar_range(QuantFormat f, const std::uint8_t* image, std::int64_t kb, std::int64_t out, std::int64_t n0,
+                  std::int64_t n1, const QuantActivations& x, std::int64_t rows, float* y, std::int64_t ldy) {
+  const std::int64_t tb = quant_tile_bytes(f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const ActRow a = act_row(x, r);
+    for (std::int64_t n = n0; n < std::min(n1, out); ++n) {
+      const std::uint8_t* group = image + (n / 32) * kb * tb;
+      float acc = 0.0f;
+      for (std::int64_t b = 0; b < kb; ++b) {
+        const std::uint8_t* t = group + b * tb;
+        std::int32_t H = 0, L = 0;
+        for (std::int64_t j = 0; j < 32; ++j) {
+          const int q = tile_q(f, t, n % 32, j);
+          H += q * a.hi[32 * b + j];
+          L += q * a.lo[32 * b + j];
+        }
+        acc = block_step(H, L, a.scale[b], tile_scale(f, t, n % 32), acc);
+      }
+      y[r * ldy + n] = acc;
+    }
+  }
+}
+
+#if GDN_X86
+// ------------------------------------------------------------------------------------------------
+// AVX2: one activation row at a time over a group's tile, 8 rows of the group per ymm.
+
+#define GDN_T_AVX2Q __attribute__((target("avx2,fma,f16c")))
+
+GDN_T_AVX2Q inline __m256i dot4_avx2(QuantFormat f, __m256i w, __m256i x) {
+  // q8: |q| · sign(x, q) keeps vpmaddubsw's pair sums below 2¹⁵; q4 (q + 8 ≤ 15) fits as it is.
+  const __m256i pairs = f == QuantFormat::q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                                               : _mm256_maddubs_epi16(w, x);
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+template <QuantFormat F>
+GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, std::int64_t n0, std::int64_t n1,
+                            const QuantActivations& x, std::int64_t rows, float* y, std::int64_t ldy) {
+  const std::int64_t tb = quant_tile_bytes(F);
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  for (std::int64_t n = n0; n < n1; n += 32) {
+    const std::uint8_t* group = image + (n / 32) * kb * tb;
+    const std::int64_t valid = std::min<std::int64_t>(32, out - n);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const ActRow a = act_row(x, r);
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (std::int64_t b = 0; b < kb; ++b) {
+        const std::uint8_t* t = group + b * tb;
+        __m256i H[4], L[4];
+        for (int i = 0; i < 4; ++i) H[i] = L[i] = _mm256_setzero_si256();
+        const std::int8_t* xh = a.hi + 32 * b;
+        const std::int8_t* xl = a.lo + 32 * b;
+        if constexpr (F == QuantFormat::q8_0) {
+          for (int g = 0; g < 8; ++g) {
+            std::int32_t h4, l4;
+            std::memcpy(&h4, xh + 4 * g, 4);
+            std::memcpy(&l4, xl + 4 * g, 4);
+            const __m256i vh = _mm256_set1_epi32(h4), vl = _mm256_set1_epi32(l4);
+            for (int i = 0; i < 4; ++i) {  // rows 8i .. 8i + 7
+              const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + g * 128 + i * 32));
+              H[i] = _mm256_add_epi32(H[i], dot4_avx2(F, w, vh));
+              L[i] = _mm256_add_epi32(L[i], dot4_avx2(F, w, vl));
+            }
+          }
+        } else {
+          for (int g = 0; g < 4; ++g) {
+            std::int32_t ha, hb, la, lb;
+            std::memcpy(&ha, xh + 4 * g, 4);
+            std::memcpy(&hb, xh + 16 + 4 * g, 4);
+            std::memcpy(&la, xl + 4 * g, 4);
+            std::memcpy(&lb, xl + 16 + 4 * g, 4);
+            const __m256i vha = _mm256_set1_epi32(ha), vhb = _mm256_set1_epi32(hb);
+            const __m256i vla = _mm256_set1_epi32(la), vlb = _mm256_set1_epi32(lb);
+            for (int i = 0; i < 4; ++i) {
+              const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + g * 128 + i * 32));
+              const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+              H[i] = _mm256_add_epi32(H[i], _mm256_add_epi32(dot4_avx2(F, lo, vha), dot4_avx2(F, hi, vhb)));
+              L[i] = _mm256_add_epi32(L[i], _mm256_add_epi32(dot4_avx2(F, lo, vla), dot4_avx2(F, hi, vlb)));
+            }
+          }
+          const __m256i zh = _mm256_set1_epi32(8 * a.sums[2 * b]), zl = _mm256_set1_epi32(8 * a.sums[2 * b + 1]);
+          for (int i = 0; i < 4; ++i) {
+            H[i] = _mm256_sub_epi32(H[i], zh);
+            L[i] = _mm256_sub_epi32(L[i], zl);
+          }
+        }
+        const __m256 s = _mm256_set1_ps(a.scale[b]), c = _mm256_set1_ps(low_part_weight);
+        for (int i = 0; i < 4; ++i) {
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + int_bytes(F) + 16 * i)));
+          const __m256 tt = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[i]), c, _mm256_cvtepi32_ps(H[i]));
+          acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(tt, s), acc[i]);
+        }
+      }
+      alignas(32) float o[32];
+      for (int i = 0; i < 4; ++i) _mm256_store_ps(o + 8 * i, acc[i]);
+      std::memcpy(y + r * ldy + n, o, static_cast<std::size_t>(valid) * sizeof(float));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// AVX-512 VNNI: R activation rows at a time over a group's tiles, 16 rows of the group per zmm.
+
+template <QuantFormat F, int R>
+GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActRow* a, float* y, std::int64_t ldy,
+                          std::int64_t valid) {
+  constexpr std::int64_t tb = F == QuantFormat::q8_0 ? 1088 : 576, ib = F == QuantFormat::q8_0 ? 1024 : 512;
+  constexpr int zero_point = F == QuantFormat::q8_0 ? 128 : 8;
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
+  const __m512 c = _mm512_set1_ps(low_part_weight);
+  for (std::int64_t b = 0; b < kb; ++b) {
+    const std::uint8_t* t = group + b * tb;
+    __m512i H0[R], H1[R], L0[R], L1[R];
+    for (int r = 0; r < R; ++r) H0[r] = H1[r] = L0[r] = L1[r] = _mm512_setzero_si512();
+    if constexpr (F == QuantFormat::q8_0) {
+      for (int g = 0; g < 8; ++g) {
+        const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(t + g * 128), flip);
+        const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(t + g * 128 + 64), flip);
+        for (int r = 0; r < R; ++r) {
+          std::int32_t h4, l4;
+          std::memcpy(&h4, a[r].hi + 32 * b + 4 * g, 4);
+          std::memcpy(&l4, a[r].lo + 32 * b + 4 * g, 4);
+          const __m512i vh = _mm512_set1_epi32(h4), vl = _mm512_set1_epi32(l4);
+          H0[r] = _mm512_dpbusd_epi32(H0[r], w0, vh);
+          H1[r] = _mm512_dpbusd_epi32(H1[r], w1, vh);
+          L0[r] = _mm512_dpbusd_epi32(L0[r], w0, vl);
+          L1[r] = _mm512_dpbusd_epi32(L1[r], w1, vl);
+        }
+      }
+    } else {
+      for (int g = 0; g < 4; ++g) {
+        const __m512i v0 = _mm512_loadu_si512(t + g * 128), v1 = _mm512_loadu_si512(t + g * 128 + 64);
+        const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nib);
+        const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
+        for (int r = 0; r < R; ++r) {
+          std::int32_t ha, hb, la, lb;
+          std::memcpy(&ha, a[r].hi + 32 * b + 4 * g, 4);
+          std::memcpy(&hb, a[r].hi + 32 * b + 16 + 4 * g, 4);
+          std::memcpy(&la, a[r].lo + 32 * b + 4 * g, 4);
+          std::memcpy(&lb, a[r].lo + 32 * b + 16 + 4 * g, 4);
+          const __m512i vha = _mm512_set1_epi32(ha), vhb = _mm512_set1_epi32(hb);
+          const __m512i vla = _mm512_set1_epi32(la), vlb = _mm512_set1_epi32(lb);
+          H0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(H0[r], lo0, vha), hi0, vhb);
+          H1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(H1[r], lo1, vha), hi1, vhb);
+          L0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(L0[r], lo0, vla), hi0, vlb);
+          L1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(L1[r], lo1, vla), hi1, vlb);
+        }
+      }
+    }
+    const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib)));
+    const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib + 32)));
+    for (int r = 0; r < R; ++r) {
+      const __m512i zh = _mm512_set1_epi32(zero_point * a[r].sums[2 * b]);
+      const __m512i zl = _mm512_set1_epi32(zero_point * a[r].sums[2 * b + 1]);
+      const __m512 s = _mm512_set1_ps(a[r].scale[b]);
+      const __m512 t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(L0[r], zl)), c,
+                                        _mm512_cvtepi32_ps(_mm512_sub_epi32(H0[r], zh)));
+      const __m512 t1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(L1[r], zl)), c,
+                                        _mm512_cvtepi32_ps(_mm512_sub_epi32(H1[r], zh)));
+      acc0[r] = _mm512_fmadd_ps(d0, _mm512_mul_ps(t0, s), acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(d1, _mm512_mul_ps(t1, s), acc1[r]);
+    }
+  }
+  const std::int64_t v0 = std::clamp<std::int64_t>(valid, 0, 16), v1 = std::clamp<std::int64_t>(valid - 16, 0, 16);
+  const auto m0 = static_cast<__mmask16>((1u << v0) - 1u), m1 = static_cast<__mmask16>((1u << v1) - 1u);
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(y + r * ldy, m0, acc0[r]);
+    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, acc1[r]);
+  }
+}
+
+template <QuantFormat F>
+void vnni_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, std::int64_t n0, std::int64_t n1,
+                const QuantActivations& x, std::int64_t rows, float* y, std::int64_t ldy) {
+  constexpr int max_rows = 4;
+  using Tile = void (*)(const std::uint8_t*, std::int64_t, const ActRow*, float*, std::int64_t, std::int64_t);
+  static constexpr Tile tiles[max_rows + 1] = {nullptr, vnni_tile<F, 1>, vnni_tile<F, 2>, vnni_tile<F, 3>, vnni_tile<F, 4>};
+  const std::int64_t tb = quant_tile_bytes(F);
+  for (std::int64_t n = n0; n < n1; n += 32) {
+    const std::uint8_t* group = image + (n / 32) * kb * tb;
+    const std::int64_t valid = std::min<std::int64_t>(32, out - n);
+    for (std::int64_t r = 0; r < rows; r += max_rows) {
+      const int R = static_cast<int>(std::min<std::int64_t>(max_rows, rows - r));
+      ActRow a[max_rows];
+      for (int i = 0; i < R; ++i) a[i] = act_row(x, r + i);
+      tiles[R](group, kb, a, y + r * ldy + n, ldy, valid);
+    }
+  }
+}
+#endif
+
+QuantKernel detect_quant_kernel() {
+  QuantKernel best = QuantKernel::scalar;
+#if GDN_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    best = QuantKernel::avx2;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
+    best = QuantKernel::avx512vnni;
+#endif
+  if (const char* env = std::getenv("GDN_CPU_KERNEL")) {
+    const std::string_view e = env;
+    if (e == "scalar") best = QuantKernel::scalar;
+    else if (e == "avx2" && best > QuantKernel::avx2) best = QuantKernel::avx2;
+  }
+  return best;
+}
+
+}  // namespace
+
+QuantKernel quant_kernel() noexcept {
+  static const QuantKernel k = detect_quant_kernel();
+  return k;
+}
+
+const char* quant_kernel_name(QuantKernel k) noexcept {
+  switch (k) {
+    case QuantKernel::avx512vnni: return "avx512vnni";
+    case QuantKernel::avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+bool quant_kernel_supported(QuantKernel k) noexcept {
+  if (k == QuantKernel::scalar) return true;
+#if GDN_X86
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (k == QuantKernel::avx2) return avx2;
+  return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+std::int64_t quant_tile_bytes(QuantFormat f) noexcept { return int_bytes(f) + 64; }
+
+std::size_t quant_image_bytes(QuantFormat f, std::int64_t out, std::int64_t in) noexcept {
+  return static_cast<std::size_t>(round_up(out, 32) / 32 * (round_up(in, 32) / 32) * quant_tile_bytes(f));
+}
+
+void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0, std::int64_t row1, std::byte* image) {
+  if (W.rank != 2 || (W.dtype != DType::bf16 && W.dtype != DType::f16 && W.dtype != DType::f32))
+    throw Error(Status::internal, "quantize_weight_image: a rank-2 bf16, f16 or f32 weight expected");
+  const std::int64_t out = W.dim(0), in = W.dim(1), kb = round_up(in, 32) / 32, tb = quant_tile_bytes(f);
+  if (row0 % 32 != 0 || (row1 % 32 != 0 && row1 != out) || row0 > row1 || row1 > out)
+    throw Error(Status::internal, "quantize_weight_image: rows must be whole groups of 32");
+  auto* img = reinterpret_cast<std::uint8_t*>(image);
+  const std::int64_t g1 = row1 >= out ? round_up(out, 32) / 32 : row1 / 32;
+  for (std::int64_t g = row0 / 32; g < g1; ++g)
+    for (std::int64_t b = 0; b < kb; ++b) {
+      std::uint8_t* t = img + (g * kb + b) * tb;
+      std::memset(t, f == QuantFormat::q8_0 ? 0 : 0x88, static_cast<std::size_t>(tb));  // q = 0 everywhere
+      for (std::int64_t n = 0; n < 32; ++n) {
+        const std::int64_t row = g * 32 + n;
+        float v[32] = {};
+        if (row < out)
+          for (std::int64_t j = 0; j < 32 && 32 * b + j < in; ++j) v[j] = weight_at(W, row, 32 * b + j);
+        float d = 0.0f;
+        if (f == QuantFormat::q8_0) {
+          float amax = 0.0f;
+          for (float w : v) amax = std::max(amax, std::fabs(w));
+          d = amax / 127.0f;
+        } else {
+          float m = 0.0f;
+          for (float w : v)
+            if (std::fabs(w) > std::fabs(m)) m = w;
+          d = m / -8.0f;
+        }
+        const std::uint16_t dh = to_half(d);
+        std::memcpy(t + int_bytes(f) + 2 * n, &dh, 2);
+        const float ds = to_float(f16{dh});
+        const float id = ds != 0.0f ? 1.0f / ds : 0.0f;
+        for (std::int64_t j = 0; j < 32; ++j) {
+          std::uint8_t& byte = t[tile_byte(f, n, j)];
+          if (f == QuantFormat::q8_0) {
+            const float q = std::clamp(round_even(v[j] * id), -127.0f, 127.0f);
+            byte = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
+          } else {
+            const auto u = static_cast<std::uint8_t>(std::clamp(round_even(v[j] * id), -8.0f, 7.0f) + 8.0f);
+            byte = high_nibble(j) ? static_cast<std::uint8_t>((byte & 0x0F) | (u << 4))
+                                  : static_cast<std::uint8_t>((byte & 0xF0) | u);
+          }
+        }
+      }
+    }
+}
+
+float quant_image_value(QuantFormat f, const std::byte* image, std::int64_t out, std::int64_t in, std::int64_t n,
+                        std::int64_t k) noexcept {
+  (void)out;
+  const std::int64_t kb = round_up(in, 32) / 32;
+  const auto* t = reinterpret_cast<const std::uint8_t*>(image) + ((n / 32) * kb + k / 32) * quant_tile_bytes(f);
+  return tile_scale(f, t, n % 32) * static_cast<float>(tile_q(f, t, n % 32, k % 32));
+}
+
+std::int64_t quant_activation_stride(std::int64_t in) noexcept {
+  const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32);
+  return round_up(2 * kp + kp / 32 * 12, 64);
+}
+
+void quantize_activations(const float* x, std::int64_t ldx, std::int64_t r0, std::int64_t r1, std::int64_t in,
+                          std::byte* buf) noexcept {
+  const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32), stride = quant_activation_stride(in);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    std::byte* p = buf + r * stride;
+    auto* hi = reinterpret_cast<std::int8_t*>(p);
+    auto* lo = reinterpret_cast<std::int8_t*>(p + kp);
+    auto* scale = reinterpret_cast<float*>(p + 2 * kp);
+    auto* sums = reinterpret_cast<std::int32_t*>(p + 2 * kp + kp / 32 * 4);
+    const float* xr = x + r * ldx;
+    for (std::int64_t b = 0; b < kp / 32; ++b) {
+      float v[32] = {};
+      const std::int64_t n = std::min<std::int64_t>(32, in - 32 * b);
+      for (std::int64_t j = 0; j < n; ++j) v[j] = xr[32 * b + j];
+      float amax = 0.0f;
+      bool finite = true;
+      for (float e : v) {
+        finite = finite && std::isfinite(e);
+        amax = std::max(amax, std::fabs(e));
+      }
+      // A non-finite activation has no int8 form: its block's parts are zero and its scale NaN, so
+      // the row's outputs are NaN (as the float kernels' would be), never garbage integers.
+      const float inv = amax > 0.0f && finite ? 127.0f / amax : 0.0f;
+      std::int32_t sh = 0, sl = 0;
+      for (int j = 0; j < 32; ++j) {
+        const float u = v[j] * inv;
+        const float h = std::clamp(round_even(u), -127.0f, 127.0f);
+        const float l = std::clamp(round_even((u - h) * 254.0f), -127.0f, 127.0f);
+        hi[32 * b + j] = static_cast<std::int8_t>(h);
+        lo[32 * b + j] = static_cast<std::int8_t>(l);
+        sh += static_cast<std::int32_t>(h);
+        sl += static_cast<std::int32_t>(l);
+      }
+      scale[b] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      sums[2 * b] = sh;
+      sums[2 * b + 1] = sl;
+    }
+  }
+}
+
+void quant_range(QuantKernel k, QuantFormat f, const std::byte* image, std::int64_t in, std::int64_t out,
+                 std::int64_t n0, std::int64_t n1, const QuantActivations& x, std::int64_t rows, float* y,
+                 std::int64_t ldy) {
+  const std::int64_t kb = round_up(in, 32) / 32;
+  n1 = std::min(n1, out);
+  const auto* img = reinterpret_cast<const std::uint8_t*>(image);
+#if GDN_X86
+  if (k == QuantKernel::avx512vnni) {
+    if (f == QuantFormat::q8_0) vnni_range<QuantFormat::q8_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    else vnni_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    return;
+  }
+  if (k == QuantKernel::avx2) {
+    if (f == QuantFormat::q8_0) avx2_range<QuantFormat::q8_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    else avx2_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    return;
+  }
+#endif
+  (void)k;
+  scalar_range(f, img, kb, out, n0, n1, x, rows, y, ldy);
+}
+
+}  // namespace gdn::cpu

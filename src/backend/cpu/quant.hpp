@@ -1,0 +1,81 @@
+#pragma once
+// Block-quantised projection weights (q8_0, q4_0) and the integer dot-product kernels that read
+// them (src/backend/cpu/gemm_quant.cpp). docs/quantization.md is the format's specification.
+//
+// Formats. A weight [out, in] is cut into blocks of 32 consecutive input columns of one output
+// row (the last block of a row zero-padded, like llama.cpp's Q8_0 / Q4_0 but for any `in`); each
+// block has one scale d (IEEE half) and 32 integers q, and stands for d · q:
+//   q8_0  q ∈ [-127, 127]: d = max|w| / 127, q = round(w / d)           8.5 bits per weight
+//   q4_0  q ∈ [-8, 7]:     d = m / -8 (m: the block's value of largest magnitude),
+//                          q = clamp(round(w / d), -8, 7)                4.5 bits per weight
+// rounding to nearest, ties to even, with d as stored (rounded to half) — so a block's largest
+// weight is exact up to d's rounding.
+//
+// Image layout (the order the kernels read; every kernel reads the same image). Output rows in
+// groups of 32, each group's blocks in increasing k; a (group, k block) tile is the 32 rows'
+// integers then their 32 half scales (row order):
+//   q8_0  1024 + 64 bytes: for each k quad g = 0..7, for each 16-row panel p = 0..1, 64 bytes in
+//         which byte 4n + j is row 16p + n, column 4g + j (int8)
+//   q4_0   512 + 64 bytes: for g = 0..3, p = 0..1, 64 bytes in which byte 4n + j holds row
+//         16p + n's columns 4g + j (low nibble) and 16 + 4g + j (high nibble), as q + 8
+// so a 64-byte load is 16 rows × 4 columns, the operand order of vpdpbusd, and a group of rows is
+// one sequential stream.
+//
+// Arithmetic. The activations of a call are quantised once per row and block of 32 into two int8
+// parts: with s = max|x| / 127, h = round(x / s) and l = round((x / s − h) · 254), x ≈ s (h + l/254)
+// (a relative error near 2⁻¹⁶ of the block's largest value: effectively 16-bit activations, so the
+// quantised model's error is the weights' own). An output is then
+//   y = Σ_blocks d · (s · (H + L / 254)),   H = Σ q·h,  L = Σ q·l  (exact int32 sums)
+// evaluated per block as t = fma(L, 1/254, H), v = t · s, acc = fma(d, v, acc), blocks in k order.
+// Every kernel (AVX-512 VNNI, AVX2, scalar) computes exactly these operations, so all of them give
+// bit-identical results, and a row's result never depends on the other rows of the call (batch
+// invariance: batched decode == single decode, bit for bit).
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gdn/core/tensor.hpp"
+
+namespace gdn::cpu {
+
+enum class QuantFormat { q8_0, q4_0 };
+enum class QuantKernel { scalar, avx2, avx512vnni };
+
+constexpr std::int64_t quant_block = 32;  // weights per block (input columns), and rows per group
+
+// The kernel this process uses for quantised weights (CPU features, lowered by GDN_CPU_KERNEL:
+// scalar → scalar, avx2 → avx2), and its name.
+QuantKernel quant_kernel() noexcept;
+const char* quant_kernel_name(QuantKernel k) noexcept;
+bool quant_kernel_supported(QuantKernel k) noexcept;
+
+// Bytes of one (32-row group, k block) tile, and of a [out, in] weight's image.
+std::int64_t quant_tile_bytes(QuantFormat f) noexcept;
+std::size_t quant_image_bytes(QuantFormat f, std::int64_t out, std::int64_t in) noexcept;
+
+// Quantises rows [row0, row1) of W (bf16, f16 or f32; row0 a multiple of 32, row1 one too or
+// W.dim(0)) into their groups of the image (padding rows included). Deterministic.
+void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0, std::int64_t row1, std::byte* image);
+
+// The value the image holds for W[n][k] (tests, and the reference).
+float quant_image_value(QuantFormat f, const std::byte* image, std::int64_t out, std::int64_t in, std::int64_t n,
+                        std::int64_t k) noexcept;
+
+// A call's quantised activations: per row, kp int8 high parts, kp int8 low parts, kp/32 scales and
+// kp/32 pairs of part sums (kp: `in` rounded up to 32), `stride` bytes apart.
+struct QuantActivations {
+  const std::byte* data = nullptr;
+  std::int64_t in = 0, kp = 0, stride = 0;
+};
+std::int64_t quant_activation_stride(std::int64_t in) noexcept;  // bytes per row
+// Quantises rows [r0, r1) of x into buf (rows · quant_activation_stride(in) bytes, 64-aligned).
+void quantize_activations(const float* x, std::int64_t ldx, std::int64_t r0, std::int64_t r1, std::int64_t in,
+                          std::byte* buf) noexcept;
+
+// Output rows [n0, n1) (n0 a multiple of 32) of y = x · Wᵀ for every activation row, W read from
+// its image in format f by kernel k (which the CPU must support).
+void quant_range(QuantKernel k, QuantFormat f, const std::byte* image, std::int64_t in, std::int64_t out,
+                 std::int64_t n0, std::int64_t n1, const QuantActivations& x, std::int64_t rows, float* y,
+                 std::int64_t ldy);
+
+}  // namespace gdn::cpu

@@ -1,0 +1,196 @@
+// Quantised projection weights (backend/cpu/quant.hpp): the formats' rounding rules, every integer
+// kernel this CPU has against a float64 product of the dequantised weights with the float
+// activations (the only difference allowed: the two-part activations' 2⁻¹⁶-level rounding), all
+// kernels bit-identical to each other, batch invariance, fused == separate, odd shapes.
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/linear.hpp"
+#include "backend/cpu/prepared_weights.hpp"
+#include "backend/cpu/quant.hpp"
+
+using namespace gdn;
+
+namespace {
+
+struct Weight {
+  std::vector<bf16> data;
+  TensorView view;
+  Weight(std::int64_t out, std::int64_t in, std::mt19937& rng, float sd = 0.05f) {
+    std::normal_distribution<float> d(0.0f, sd);
+    data.resize(static_cast<std::size_t>(out * in));
+    for (auto& v : data) v = to_bf16(d(rng));
+    view.dtype = DType::bf16;
+    view.rank = 2;
+    view.shape[0] = out;
+    view.shape[1] = in;
+    view.data = reinterpret_cast<const std::byte*>(data.data());
+  }
+  float at(std::int64_t n, std::int64_t k) const { return to_float(data[static_cast<std::size_t>(n * view.dim(1) + k)]); }
+};
+
+struct Image {
+  std::vector<std::uint16_t> u16;  // the image, in the uint16 units LinearPart takes
+  cpu::WeightImage layout;
+  Image(cpu::WeightImage l, const TensorView& W) : layout(l) {
+    u16.assign(cpu::weight_image_elements(l, W.dim(0), W.dim(1)), 0xABCD);  // garbage: every byte must be written
+    cpu::pack_weight_image(l, W, 0, W.dim(0), u16.data());
+  }
+  const std::byte* bytes() const { return reinterpret_cast<const std::byte*>(u16.data()); }
+};
+
+cpu::QuantFormat format_of(cpu::WeightImage l) {
+  return l == cpu::WeightImage::q8_0 ? cpu::QuantFormat::q8_0 : cpu::QuantFormat::q4_0;
+}
+
+const cpu::LinearKernel kernels[] = {cpu::LinearKernel::scalar, cpu::LinearKernel::avx2, cpu::linear_kernel()};
+
+std::vector<float> run(ThreadPool& pool, cpu::LinearWorkspace& ws, cpu::LinearKernel k, const TensorView& W,
+                       const Image& img, const std::vector<float>& x, std::int64_t rows) {
+  const std::int64_t out = W.dim(0), in = W.dim(1);
+  std::vector<float> y(static_cast<std::size_t>(rows * out), -1.0f);
+  const cpu::LinearPart part{&W, y.data(), out, img.u16.data(), img.layout};
+  cpu::linear_multi(pool, ws, k, std::span(&part, 1), x.data(), in, rows);
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("quantised formats: each block's scale and values follow the stated rounding", "[quant]") {
+  std::mt19937 rng(7);
+  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+    for (auto [out, in] : {std::pair<std::int64_t, std::int64_t>{33, 40}, {64, 96}, {7, 5}}) {
+      const Weight W(out, in, rng);
+      const Image img(layout, W.view);
+      const auto f = format_of(layout);
+      for (std::int64_t n = 0; n < out; ++n)
+        for (std::int64_t b = 0; b * 32 < in; ++b) {
+          float amax = 0.0f, m = 0.0f;
+          for (std::int64_t j = b * 32; j < std::min(in, b * 32 + 32); ++j) {
+            amax = std::max(amax, std::fabs(W.at(n, j)));
+            if (std::fabs(W.at(n, j)) > std::fabs(m)) m = W.at(n, j);
+          }
+          const float d = layout == cpu::WeightImage::q8_0 ? amax / 127.0f : m / -8.0f;
+          // The stored scale: d rounded to half (relative error ≤ 2⁻¹¹), recovered from any value.
+          for (std::int64_t j = b * 32; j < std::min(in, b * 32 + 32); ++j) {
+            const float w = W.at(n, j), v = cpu::quant_image_value(f, img.bytes(), out, in, n, j);
+            // Within half a step of the weight (plus the scale's rounding over the range of q); for
+            // q4_0, a value of the extreme's opposite sign beyond 7.5 steps is clamped to 7 (as in
+            // llama.cpp's Q4_0).
+            const float qmax = layout == cpu::WeightImage::q8_0 ? 127.0f : 8.0f;
+            const float clamped = layout == cpu::WeightImage::q4_0 ? std::fabs(w) - 7.0f * std::fabs(d) * 0.999f : 0.0f;
+            INFO(fmt::format("{} [{}, {}] n {} k {}: w {} v {} d {}", cpu::weight_image_name(layout), out, in, n, j, w, v, d));
+            REQUIRE(std::fabs(w - v) <= std::max(std::fabs(d) * (0.5f + qmax * 0.0005f), clamped) + 1e-9f);
+          }
+          // The block's extreme is represented exactly up to the scale's rounding.
+          if (m != 0.0f) {
+            std::int64_t at = b * 32;
+            while (W.at(n, at) != m) ++at;
+            const float v = cpu::quant_image_value(f, img.bytes(), out, in, n, at);
+            REQUIRE(std::fabs(v - m) <= std::fabs(m) * 0.0005f);
+          }
+        }
+      // Padding columns and rows hold zero.
+      for (std::int64_t n = 0; n < (out + 31) / 32 * 32; ++n)
+        for (std::int64_t k = (n < out ? in : 0); k < (in + 31) / 32 * 32; ++k)
+          REQUIRE(cpu::quant_image_value(f, img.bytes(), out, in, n, k) == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("quantised formats: deterministic, and whole groups pack alone as together", "[quant]") {
+  std::mt19937 rng(11);
+  const Weight W(100, 72, rng);
+  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+    const Image a(layout, W.view), b(layout, W.view);
+    REQUIRE(a.u16 == b.u16);
+    std::vector<std::uint16_t> parts(a.u16.size(), 0);
+    for (std::int64_t r0 : {64, 0, 32, 96}) cpu::pack_weight_image(layout, W.view, r0, std::min<std::int64_t>(100, r0 + 32), parts.data());
+    REQUIRE(parts == a.u16);
+  }
+}
+
+TEST_CASE("quantised kernels: accurate against float64, bit-identical across kernels, batch-invariant", "[quant]") {
+  std::mt19937 rng(3);
+  ThreadPool pool(2);
+  cpu::LinearWorkspace ws;
+  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+    for (auto [out, in] : {std::pair<std::int64_t, std::int64_t>{96, 64}, {70, 100}, {33, 1024}, {256, 32}, {5, 7}}) {
+      const Weight W(out, in, rng);
+      const Image img(layout, W.view);
+      const auto f = format_of(layout);
+      const std::int64_t rows = 9;
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> x(static_cast<std::size_t>(rows * in));
+      for (auto& v : x) v = nd(rng);
+      x[3] = 40.0f;  // an outlier: its block's other activations are quantised on its scale
+      std::vector<float> first;
+      for (auto k : kernels) {
+        const auto y = run(pool, ws, k, W.view, img, x, rows);
+        INFO(fmt::format("{} [{}, {}] kernel {}", cpu::weight_image_name(layout), out, in, static_cast<int>(k)));
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t n = 0; n < out; ++n) {
+            // Reference: float64 product of the dequantised weights with the float activations; the
+            // kernel's activations differ by ≤ max|x of the block| / (127 · 508) each.
+            double ref = 0.0, bound = 0.0;
+            for (std::int64_t b = 0; b * 32 < in; ++b) {
+              double amax = 0.0, wsum = 0.0;
+              for (std::int64_t j = b * 32; j < std::min(in, b * 32 + 32); ++j) {
+                const double w = cpu::quant_image_value(f, img.bytes(), out, in, n, j), xv = x[static_cast<std::size_t>(r * in + j)];
+                ref += w * xv;
+                amax = std::max(amax, std::fabs(xv));
+                wsum += std::fabs(w);
+                bound += std::fabs(w * xv) * 1e-6;  // float32 accumulation
+              }
+              bound += wsum * amax / (127.0 * 508.0) * 1.01;
+            }
+            REQUIRE(std::fabs(y[static_cast<std::size_t>(r * out + n)] - ref) <= bound + 1e-7);
+          }
+        if (first.empty()) first = y;
+        else REQUIRE(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
+        // Each row alone gives the same bits as in the batch.
+        for (std::int64_t r = 0; r < rows; ++r) {
+          std::vector<float> xr(x.begin() + r * in, x.begin() + (r + 1) * in);
+          const auto yr = run(pool, ws, k, W.view, img, xr, 1);
+          REQUIRE(std::memcmp(yr.data(), y.data() + r * out, static_cast<std::size_t>(out) * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("quantised kernels: a fused call equals separate calls; zero and non-finite activations", "[quant]") {
+  std::mt19937 rng(5);
+  ThreadPool pool(2);
+  cpu::LinearWorkspace ws;
+  const std::int64_t in = 160, rows = 3;
+  const Weight A(64, in, rng), B(8, in, rng), C(200, in, rng);
+  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+    const Image ia(layout, A.view), ib(layout, B.view), ic(layout, C.view);
+    std::vector<float> x(static_cast<std::size_t>(rows * in));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : x) v = nd(rng);
+    for (std::int64_t j = 0; j < 32; ++j) x[static_cast<std::size_t>(in + j)] = 0.0f;  // an all-zero block
+    std::vector<float> ya(rows * 64), yb(rows * 8), yc(rows * 200);
+    const cpu::LinearPart parts[] = {{&A.view, ya.data(), 64, ia.u16.data(), layout},
+                                     {&B.view, yb.data(), 8, ib.u16.data(), layout},
+                                     {&C.view, yc.data(), 200, ic.u16.data(), layout}};
+    cpu::linear_multi(pool, ws, parts, x.data(), in, rows);
+    REQUIRE(ya == run(pool, ws, cpu::linear_kernel(), A.view, ia, x, rows));
+    REQUIRE(yb == run(pool, ws, cpu::linear_kernel(), B.view, ib, x, rows));
+    REQUIRE(yc == run(pool, ws, cpu::linear_kernel(), C.view, ic, x, rows));
+    // A NaN activation makes its row's outputs NaN (as the float kernels would), nothing else.
+    x[5] = std::numeric_limits<float>::quiet_NaN();
+    const auto y = run(pool, ws, cpu::linear_kernel(), A.view, ia, x, rows);
+    for (std::int64_t n = 0; n < 64; ++n) {
+      REQUIRE(std::isnan(y[static_cast<std::size_t>(n)]));
+      REQUIRE(std::isfinite(y[static_cast<std::size_t>(64 + n)]));
+    }
+  }
+}
