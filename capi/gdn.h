@@ -196,6 +196,17 @@ typedef enum gdn_weight_placement {
     GDN_WEIGHTS_IMAGE = 3
 } gdn_weight_placement;
 
+/* Block-quantised projections for the CPU backend (values equal gdn::WeightQuant; docs/quantization.md):
+ * every bf16 projection in blocks of 32 with a half-precision scale. NONE: the checkpoint's bf16 values.
+ * Q8_0 (8.5 bits per weight) and Q4_0 (4.5) are read from MODEL_DIR/gdn-packed.<q8_0|q4_0>.gdnimg
+ * (gdn_packed_image_write_quant, `gdn pack --quant`) when it exists, else quantised at load; never in
+ * place (IN_PLACE with a quant is INVALID_ARGUMENT). */
+typedef enum gdn_weight_quant {
+    GDN_QUANT_NONE = 0,
+    GDN_QUANT_Q8_0 = 1,
+    GDN_QUANT_Q4_0 = 2
+} gdn_weight_quant;
+
 typedef struct gdn_model_params {
     uint32_t size;     /* sizeof(gdn_model_params) */
     bool load_mtp;     /* bind the checkpoint's multi-token-prediction head when it has one (default true) */
@@ -210,6 +221,8 @@ typedef struct gdn_model_params {
     /* Added after 0.1.0. */
     gdn_weight_placement weights;  /* GDN_WEIGHTS_AUTOMATIC (default) */
     const char *packed_image;      /* the image AUTOMATIC / IMAGE look for; NULL: MODEL_DIR/gdn-packed.<layout>.gdnimg */
+    /* Added after 0.1.0. */
+    gdn_weight_quant quant;        /* GDN_QUANT_NONE (default) */
 } gdn_model_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */
@@ -240,6 +253,11 @@ GDN_API gdn_status gdn_model_get_weight_placement(const gdn_model *model, gdn_we
  * UNSUPPORTED_MODEL when this CPU's kernel reads weights in place (AVX2, scalar), IO_ERROR, and the
  * errors of gdn_model_load. */
 GDN_API gdn_status gdn_packed_image_write(const char *model_path, const char *out_path);
+
+/* The same for a quantised image (Q8_0, Q4_0; NONE is gdn_packed_image_write): out_path NULL writes
+ * MODEL_DIR/gdn-packed.<q8_0|q4_0>.gdnimg, where loading with that quant looks. Deterministic: the same
+ * checkpoint gives a byte-identical file. */
+GDN_API gdn_status gdn_packed_image_write_quant(const char *model_path, const char *out_path, gdn_weight_quant quant);
 
 /* The text model's configuration. Strings and arrays point into the model and stay valid until
  * gdn_model_free. */

@@ -305,6 +305,16 @@ gdn::ContextParams to_cpp(const gdn_context_params& p) {
   return cp;
 }
 
+gdn::WeightQuant to_quant(const gdn_weight_quant& q) {
+  switch (enum_int(q)) {
+    case GDN_QUANT_NONE: return gdn::WeightQuant::none;
+    case GDN_QUANT_Q8_0: return gdn::WeightQuant::q8_0;
+    case GDN_QUANT_Q4_0: return gdn::WeightQuant::q4_0;
+    default: invalid("quant " + std::to_string(enum_int(q)) + " is not a gdn_weight_quant");
+  }
+  return gdn::WeightQuant::none;
+}
+
 gdn::ModelParams to_cpp(const gdn_model_params& p) {
   gdn::ModelParams mp;
   mp.load_mtp = p.load_mtp;
@@ -317,6 +327,7 @@ gdn::ModelParams to_cpp(const gdn_model_params& p) {
   }
   if (p.weights_in_place != 0) mp.weights = gdn::WeightPlacement::in_place;
   if (p.packed_image != nullptr) mp.packed_image = p.packed_image;
+  mp.quant = to_quant(p.quant);
   mp.backend = to_backend(p.backend);  // CUDA uploads its own copy; weights / packed_image are the CPU backend's
   if (p.device < 0) invalid("device " + std::to_string(p.device) + " is negative");
   mp.device = p.device;
@@ -434,6 +445,16 @@ gdn_status gdn_packed_image_write(const char* model_path, const char* out_path) 
     if (model_path == nullptr) invalid("model_path is NULL");
     gdn::PackImageOptions o;
     if (out_path != nullptr) o.out = out_path;
+    gdn::write_packed_image(model_path, o);
+  });
+}
+
+gdn_status gdn_packed_image_write_quant(const char* model_path, const char* out_path, gdn_weight_quant quant) {
+  return guard("gdn_packed_image_write_quant", [&] {
+    if (model_path == nullptr) invalid("model_path is NULL");
+    gdn::PackImageOptions o;
+    if (out_path != nullptr) o.out = out_path;
+    o.quant = to_quant(quant);
     gdn::write_packed_image(model_path, o);
   });
 }

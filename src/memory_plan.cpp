@@ -21,6 +21,7 @@
 #include "backend/cpu/host_memory.hpp"
 #include "backend/cpu/linear.hpp"
 #include "backend/cpu/prepared_weights.hpp"
+#include "backend/cpu/quant.hpp"
 
 namespace gdn {
 namespace {
@@ -119,8 +120,8 @@ void read_tensors(const std::string& dir, const ModelConfig& cfg, CheckpointSumm
 
 // What the CPU backend's load would do with the weights now (prepared_weights.cpp's place()).
 void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& tensors, const ModelParams& mp, MemoryPlan& plan) {
-  const cpu::WeightImage layout = cpu::weight_image_layout(cpu::linear_kernel());
-  plan.kernel = cpu::linear_kernel_name();
+  const cpu::WeightImage layout = cpu::load_layout(mp);
+  plan.kernel = cpu::is_quantized(layout) ? cpu::quant_kernel_name(cpu::quant_kernel()) : cpu::linear_kernel_name();
   std::vector<const TensorSpec*> bf16;
   std::int64_t embedding = 0, other_in_place = 0, vectors = 0;
   for (const auto& mt : tensors) {
@@ -145,12 +146,14 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
     plan.weights_anonymous_bytes = vectors;
     plan.weights_mapped_bytes = plan.weight_bytes;
   };
+  if (cpu::is_quantized(layout) && mp.weights == WeightPlacement::in_place)
+    return in_place(fmt::format("loading would fail: {} weights cannot be read in place", cpu::weight_image_name(layout)));
   if (mp.weights == WeightPlacement::in_place) return in_place("asked for");
   if (layout == cpu::WeightImage::none)
     return in_place(fmt::format("this CPU's projection kernel ({}) reads the weights in place", plan.kernel));
   if (bf16.empty()) return in_place("the model has no bf16 projections to pack");
 
-  const std::string path = mp.packed_image.empty() ? default_packed_image_path(dir) : mp.packed_image;
+  const std::string path = mp.packed_image.empty() ? default_packed_image_path(dir, mp.quant) : mp.packed_image;
   std::string refused;
   if (mp.weights == WeightPlacement::packed) {
     // Packing asked for: no image is looked for.
@@ -158,7 +161,7 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
     try {
       const PackedImageHeader h = read_packed_image_header(path);
       if (h.layout != cpu::weight_image_name(layout))
-        throw Error(Status::invalid_file, fmt::format("{}: the image is in the {} layout, this CPU's kernel reads {}", path, h.layout,
+        throw Error(Status::invalid_file, fmt::format("{}: the image is in the {} layout, loading reads {}", path, h.layout,
                                                       cpu::weight_image_name(layout)));
       std::vector<std::string> names;
       std::unordered_map<std::string, const PackedImageTensor*> by_name;
@@ -197,9 +200,12 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
   }
   const std::string why = fmt::format("packing them needs {} (+{} margin), {}", format_bytes(plan.packed_bytes), format_bytes(margin),
                                       plan.memory.describe());
-  if (mp.weights == WeightPlacement::packed) {
+  if (mp.weights == WeightPlacement::packed || cpu::is_quantized(layout)) {
     plan.weights = WeightPlacement::packed;
-    plan.weights_reason = fmt::format("loading would fail: {}", why);
+    plan.weights_reason = cpu::is_quantized(layout)
+                              ? fmt::format("loading would fail: {}; write the {} image once (gdn pack --quant {})", why,
+                                            cpu::weight_image_name(layout), cpu::weight_image_name(layout))
+                              : fmt::format("loading would fail: {}", why);
     plan.weights_anonymous_bytes = plan.packed_bytes + vectors;
     plan.weights_mapped_bytes = embedding + other_in_place;
     return;

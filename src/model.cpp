@@ -6,6 +6,9 @@
 #include <span>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "gdn/core/error.hpp"
 #include "gdn/io/safetensors.hpp"
 
 #include "backend/backend.hpp"
@@ -31,6 +34,22 @@ const char* weight_placement_name(WeightPlacement p) noexcept {
     case WeightPlacement::image: return "image";
   }
   return "?";
+}
+
+const char* weight_quant_name(WeightQuant q) noexcept {
+  switch (q) {
+    case WeightQuant::none: return "none";
+    case WeightQuant::q8_0: return "q8_0";
+    case WeightQuant::q4_0: return "q4_0";
+  }
+  return "?";
+}
+
+WeightQuant parse_weight_quant(std::string_view name) {
+  if (name == "none" || name == "bf16") return WeightQuant::none;
+  if (name == "q8_0" || name == "q8") return WeightQuant::q8_0;
+  if (name == "q4_0" || name == "q4") return WeightQuant::q4_0;
+  throw Error(Status::invalid_argument, fmt::format("quantisation '{}' is not one of none, q8_0 (q8), q4_0 (q4)", name.substr(0, 64)));
 }
 
 namespace {

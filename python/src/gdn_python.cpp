@@ -339,9 +339,10 @@ PYBIND11_MODULE(gdn, m) {
       .def_static(
           "load",
           [](const std::string& path, bool load_mtp, bool pack_weights, const std::string& weights,
-             const std::optional<std::string>& packed_image, gdn::Backend backend, int device) {
+             const std::optional<std::string>& packed_image, gdn::Backend backend, int device, const std::string& quant) {
             gdn::ModelParams p;
             p.load_mtp = load_mtp;
+            p.quant = gdn::parse_weight_quant(quant);
             p.weights = placement_named(weights);
             if (!pack_weights) p.weights = gdn::WeightPlacement::in_place;
             if (packed_image) p.packed_image = *packed_image;
@@ -352,13 +353,16 @@ PYBIND11_MODULE(gdn, m) {
           },
           "path"_a, py::kw_only(), "load_mtp"_a = gdn::ModelParams{}.load_mtp, "pack_weights"_a = true, "weights"_a = "auto",
           "packed_image"_a = py::none(), "backend"_a = gdn::ModelParams{}.backend, "device"_a = gdn::ModelParams{}.device,
+          "quant"_a = "none",
           "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped. "
           "weights (the CPU backend's; the CUDA backend uploads its own copy): 'auto' (a valid packed image when there "
           "is one, else packed at load when that fits the memory available, else in place), 'pack' (packed at load, no "
           "image looked for), 'in_place' or 'image' (see gdn/model/model.hpp, WeightPlacement); "
           "pack_weights=False is weights='in_place'. packed_image: the image file to look for (default "
           "MODEL_DIR/gdn-packed.<layout>.gdnimg, what gdn.pack writes). "
-          "backend: whose form of the weights to make now (gdn.Backend.cuda: upload them to `device`).")
+          "backend: whose form of the weights to make now (gdn.Backend.cuda: upload them to `device`). "
+          "quant: 'none', 'q8_0' or 'q4_0' (block-quantised projections, docs/quantization.md: the image gdn.pack(..., "
+          "quant=) wrote, else quantised at load).")
       .def_property_readonly("weights",
                              [](const ModelHandle& pm) {
                                const auto w = pm.model->weight_placement();
@@ -670,9 +674,10 @@ PYBIND11_MODULE(gdn, m) {
       "work buffers, outputs, totals) and what loading would do with the weights.");
   m.def(
       "pack",
-      [](const std::string& path, const std::optional<std::string>& out) {
+      [](const std::string& path, const std::optional<std::string>& out, const std::string& quant) {
         gdn::PackImageOptions o;
         if (out) o.out = *out;
+        o.quant = gdn::parse_weight_quant(quant);
         gdn::PackImageResult r;
         {
           py::gil_scoped_release nogil;
@@ -687,8 +692,9 @@ PYBIND11_MODULE(gdn, m) {
         d["seconds"] = r.seconds;
         return d;
       },
-      "path"_a, "out"_a = py::none(),
-      "Writes the packed weight image of a checkpoint (`gdn pack`); later loads map it instead of packing the weights.");
+      "path"_a, "out"_a = py::none(), "quant"_a = "none",
+      "Writes the packed weight image of a checkpoint (`gdn pack`); later loads map it instead of packing the weights. "
+      "quant 'q8_0' / 'q4_0': the block-quantised image that Model.load(..., quant=) maps.");
 
   // --- gdn doctor ---------------------------------------------------------------------------
   m.def(

@@ -1,7 +1,7 @@
 // gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--max-tokens N]
 //              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs] [--backend cpu|cuda]
-//              [--pack | --in-place | --image FILE]   (the CPU backend's weights; CUDA uploads its own copy)
+//              [--pack | --in-place | --image FILE] [--quant q8_0|q4_0]   (the CPU backend's weights; CUDA uploads its own copy)
 //
 // Streams the generated text to stdout as it is produced; the model-loading progress bar and the
 // prefill / decode speeds go to stderr, so stdout is clean text.
@@ -31,7 +31,7 @@ int usage() {
       "usage: gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT]\n"
       "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
       "                    [--seed S] [--max-tokens N] [--stop STRING]... [--mtp K] [--threads N]\n"
-      "                    [--bf16-inputs] [--backend cpu|cuda] [--pack | --in-place | --image FILE]\n"
+      "                    [--bf16-inputs] [--backend cpu|cuda] [--pack | --in-place | --image FILE] [--quant q8_0|q4_0]\n"
       "  --chat      wrap the prompt in the model's chat template (stops at <|im_end|>)\n"
       "  --think     with --chat, leave thinking on (default: off)\n"
       "  --temp 0    greedy (the default); > 0 samples\n"

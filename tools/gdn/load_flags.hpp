@@ -5,7 +5,8 @@
 // Without one, loading decides: a packed image when there is a valid one (MODEL_DIR/
 // gdn-packed.<layout>.gdnimg, or the --image FILE), else packing when it fits the memory available,
 // else in place; an image that is refused (stale, foreign, truncated, corrupt) is named in one line
-// on stderr and the checkpoint is used instead.
+// on stderr and the checkpoint is used instead. --quant q8_0|q4_0 reads block-quantised projections
+// (docs/quantization.md): the image `gdn pack MODEL_DIR --quant Q` wrote, else quantised at load.
 
 #include <string_view>
 
@@ -13,7 +14,7 @@
 
 namespace gdn::cli {
 
-inline constexpr const char* load_flags_usage = "[--pack | --in-place | --image FILE]";
+inline constexpr const char* load_flags_usage = "[--pack | --in-place | --image FILE] [--quant q8_0|q4_0]";
 
 // Consumes argv[i] (and its value) when it is one of the flags; false otherwise.
 inline bool parse_load_flag(int argc, char** argv, int& i, ModelParams& mp) {
@@ -21,6 +22,7 @@ inline bool parse_load_flag(int argc, char** argv, int& i, ModelParams& mp) {
   if (a == "--pack") mp.weights = WeightPlacement::packed;
   else if (a == "--in-place") mp.weights = WeightPlacement::in_place;
   else if (a == "--image" && i + 1 < argc) mp.packed_image = argv[++i];
+  else if (a == "--quant" && i + 1 < argc) mp.quant = parse_weight_quant(argv[++i]);
   else return false;
   return true;
 }

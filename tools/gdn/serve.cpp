@@ -53,7 +53,7 @@ int usage() {
       "                 [--max-sequences 8] [--max-context 4096] [--max-queue 64] [--cache-bytes 1G]\n"
       "                 [--cache-interval 512] [--mtp K [--mtp-fixed]] [--step-tokens 256] [--threads N] [--backend cpu|cuda]\n"
       "                 [--device N] [--max-body-bytes 8M] [--shutdown-timeout 10] [--http-threads N]\n"
-      "                 [--pack | --in-place | --image FILE]   where the CPU backend reads the weights (gdn pack)\n"
+      "                 [--pack | --in-place | --image FILE] [--quant q8_0|q4_0]   where the CPU backend reads the weights (gdn pack)\n"
       "  --port 0           pick a free port (printed on stdout: 'listening on http://HOST:PORT')\n"
       "  --cache-bytes B    memory for the prefix cache (snapshots and the KV pages they keep); 0 disables it\n"
       "  --mtp K            MTP speculative decoding with up to K drafts per round, k adapted per request\n"

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "gdn/model/config.hpp"
 #include "gdn/model/weights.hpp"
@@ -42,6 +43,20 @@ enum class Backend : int { cpu = 0, cuda = 1 };
 enum class WeightPlacement : int { automatic = 0, packed = 1, in_place = 2, image = 3 };
 const char* weight_placement_name(WeightPlacement p) noexcept;  // "automatic", "packed", "in place", "image"
 
+// Block-quantised projections (docs/quantization.md states the formats, the rounding and which
+// tensors): every bf16 projection (the layers', the lm_head, the MTP head's) in blocks of 32 input
+// columns with one half-precision scale each; embeddings, norms, A_log, dt_bias, conv weights stay
+// as stored and the GDN recurrent state float32.
+//   q8_0  int8 values, 8.5 bits per weight      q4_0  4-bit values, 4.5 bits per weight
+// The CPU backend reads them from a quantised image: packed at load, or mapped from the file
+// `gdn pack --quant` writes (DIR/gdn-packed.<quant>.gdnimg, looked for first). A quantised model
+// cannot be read in place (WeightPlacement::in_place is refused) and its logits are not the
+// checkpoint's (tests/test_quant_model.cpp bounds the difference).
+enum class WeightQuant : int { none = 0, q8_0 = 1, q4_0 = 2 };
+const char* weight_quant_name(WeightQuant q) noexcept;  // "none", "q8_0", "q4_0"
+// "none" / "bf16", "q8_0" / "q8", "q4_0" / "q4"; throws gdn::Error(invalid_argument) naming the rest.
+WeightQuant parse_weight_quant(std::string_view name);
+
 struct ModelParams {
   bool load_mtp = true;  // bind the mtp.* head when the checkpoint has one
   // The backend whose form of the weights is made at load: the CPU's packed images (below), or the
@@ -54,6 +69,8 @@ struct ModelParams {
   // The packed image to look for (automatic, image): empty means
   // default_packed_image_path(dir) (DIR/gdn-packed.<layout>.gdnimg, what `gdn pack DIR` writes).
   std::string packed_image;
+  // Quantised projections for the CPU backend (see WeightQuant); none: the checkpoint's bf16 values.
+  WeightQuant quant = WeightQuant::none;
   // Called as loading reads the weights (packing or uploading them): progress(done_bytes, total_bytes).
   std::function<void(std::size_t, std::size_t)> progress;
   // One line when loading chooses a slower form than asked for or refuses an image (and why);

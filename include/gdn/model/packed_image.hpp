@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gdn/model/model.hpp"
+
 namespace gdn {
 
 namespace io { class Checkpoint; }
@@ -80,10 +82,14 @@ std::string checkpoint_fingerprint(const std::string& dir, std::span<const std::
 // Where `gdn pack DIR` writes the image for this process's projection kernel, and where loading
 // looks for it: DIR/gdn-packed.<layout>.gdnimg. Empty when the kernel reads weights in place.
 std::string default_packed_image_path(const std::string& model_dir);
+// The image of the checkpoint quantised as `quant` (DIR/gdn-packed.<quant>.gdnimg, read by every CPU
+// kernel); none: the one above.
+std::string default_packed_image_path(const std::string& model_dir, WeightQuant quant);
 
 struct PackImageOptions {
   std::string out;          // empty: default_packed_image_path(model_dir)
-  std::string layout;       // empty: this process's kernel's ("panels" or "amx_tiles")
+  std::string layout;       // empty: this process's kernel's ("panels" or "amx_tiles"), or the quant's
+  WeightQuant quant = WeightQuant::none;  // q8_0 / q4_0: the quantised image (layout and encoding "q8_0" / "q4_0")
   int threads = 0;          // 0: up to 8, one per hardware thread
   std::function<void(std::size_t, std::size_t)> progress;  // (done, total) bytes of weights
 };

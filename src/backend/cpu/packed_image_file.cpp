@@ -46,7 +46,9 @@ bool all_zero(const std::byte* p, std::size_t n) {
 cpu::WeightImage layout_named(const std::string& name) {
   if (name == "panels") return cpu::WeightImage::panels;
   if (name == "amx_tiles") return cpu::WeightImage::amx_tiles;
-  throw Error(Status::invalid_argument, fmt::format("packed image layout '{}' is not panels or amx_tiles", name));
+  if (name == "q8_0") return cpu::WeightImage::q8_0;
+  if (name == "q4_0") return cpu::WeightImage::q4_0;
+  throw Error(Status::invalid_argument, fmt::format("packed image layout '{}' is not panels, amx_tiles, q8_0 or q4_0", name));
 }
 
 struct Fd {
@@ -64,10 +66,18 @@ std::string default_packed_image_path(const std::string& model_dir) {
   return (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}.gdnimg", cpu::weight_image_name(layout))).string();
 }
 
+std::string default_packed_image_path(const std::string& model_dir, WeightQuant quant) {
+  if (quant == WeightQuant::none) return default_packed_image_path(model_dir);
+  return (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}.gdnimg", weight_quant_name(quant))).string();
+}
+
 PackImageResult write_packed_image(const std::string& model_dir, const PackImageOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  const cpu::WeightImage layout =
-      options.layout.empty() ? cpu::weight_image_layout(cpu::linear_kernel()) : layout_named(options.layout);
+  ModelParams quant_params;
+  quant_params.quant = options.quant;
+  const cpu::WeightImage layout = options.layout.empty() ? cpu::load_layout(quant_params) : layout_named(options.layout);
+  if (options.quant != WeightQuant::none && layout != cpu::load_layout(quant_params))
+    throw Error(Status::invalid_argument, fmt::format("--layout {} does not go with --quant {}", options.layout, weight_quant_name(options.quant)));
   if (layout == cpu::WeightImage::none)
     throw Error(Status::unsupported_model,
                 fmt::format("this CPU's projection kernel ({}) reads the weights in place; there is no packed image to write "
@@ -83,6 +93,10 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
   PackedImageHeader h;
   h.layout = cpu::weight_image_name(layout);
   h.layout_version = packed_layout_version(h.layout);
+  if (cpu::is_quantized(layout)) {
+    h.weight_encoding = h.layout;
+    h.quant_block = 32;
+  }
   h.writer = "libgdn 0.1.0";
   std::vector<const cpu::Linear*> todo;
   std::vector<std::string> todo_names;
@@ -104,7 +118,9 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
   const std::string header = encode_packed_image_header(h);
 
   PackImageResult result;
-  result.path = options.out.empty() ? default_packed_image_path(model_dir) : options.out;
+  result.path = !options.out.empty()          ? options.out
+                : cpu::is_quantized(layout) ? (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}.gdnimg", h.layout)).string()
+                                            : default_packed_image_path(model_dir);
   if (result.path.empty())
     result.path = (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}.gdnimg", h.layout)).string();
   result.layout = h.layout;

@@ -25,6 +25,7 @@
 #include "gdn/model/packed_image.hpp"
 
 #include "../../model_internals.hpp"
+#include "quant.hpp"
 
 namespace gdn::cpu {
 namespace {
@@ -153,8 +154,11 @@ void map_image(PreparedWeights& w, WeightImage layout, const io::Checkpoint& ckp
   auto file = std::make_unique<io::MappedFile>(path, /*huge_pages=*/true);
   const PackedImageHeader h = parse_packed_image_header(file->bytes(), path);
   if (h.layout != weight_image_name(layout))
-    throw Error(Status::invalid_file, fmt::format("{}: the image is in the {} layout, this CPU's kernel ({}) reads {}", path,
-                                                  h.layout, linear_kernel_name(), weight_image_name(layout)));
+    throw Error(Status::invalid_file,
+                is_quantized(layout) ? fmt::format("{}: the image is in the {} layout, not the {} quantisation asked for", path,
+                                                   h.layout, weight_image_name(layout))
+                                     : fmt::format("{}: the image is in the {} layout, this CPU's kernel ({}) reads {}", path,
+                                                   h.layout, linear_kernel_name(), weight_image_name(layout)));
   std::vector<std::string> names;
   for (const auto& t : h.tensors) names.push_back(t.name);
   if (checkpoint_fingerprint(ckpt, names) != h.fingerprint)
@@ -199,9 +203,13 @@ void notify(const Model& model, const std::string& line) {
 void place(PreparedWeights& w, const Model& model, const std::function<void(std::size_t, std::size_t)>& progress) {
   const ModelParams& mp = model.params();
   const io::Checkpoint& ckpt = detail::ModelInternals::checkpoint(model);
-  const WeightImage layout = weight_image_layout(linear_kernel());
+  const WeightImage layout = load_layout(mp);
   const std::size_t need = packed_bytes(w, layout);
   w.placement = WeightPlacement::in_place;
+  if (is_quantized(layout) && mp.weights == WeightPlacement::in_place)
+    throw Error(Status::invalid_argument, fmt::format("{}: {} weights cannot be read in place (the checkpoint holds bf16): "
+                                                      "drop --in-place, or write the image once with gdn pack {} --quant {}",
+                                                      model.dir(), weight_image_name(layout), model.dir(), weight_image_name(layout)));
   if (mp.weights == WeightPlacement::in_place) return;
   if (layout == WeightImage::none || need == 0) {
     if (mp.weights == WeightPlacement::image)
@@ -212,7 +220,7 @@ void place(PreparedWeights& w, const Model& model, const std::function<void(std:
                                   : std::string("the model has no bf16 projections")));
     return;
   }
-  const std::string path = mp.packed_image.empty() ? default_packed_image_path(model.dir()) : mp.packed_image;
+  const std::string path = mp.packed_image.empty() ? default_packed_image_path(model.dir(), mp.quant) : mp.packed_image;
   std::string refused;
   if (mp.weights == WeightPlacement::packed) {
     // Packing asked for: no image is looked for.
@@ -256,13 +264,18 @@ void place(PreparedWeights& w, const Model& model, const std::function<void(std:
       why = e.what();
     }
   } else {
-    why = fmt::format("packing them for the {} kernel needs {} (+{} margin), {}", linear_kernel_name(),
+    why = fmt::format("packing them for the {} kernel needs {} (+{} margin), {}",
+                      is_quantized(layout) ? quant_kernel_name(quant_kernel()) : linear_kernel_name(),
                       format_bytes(static_cast<std::int64_t>(need)), format_bytes(margin), mem.describe());
   }
   if (mp.weights == WeightPlacement::packed)
     throw Error(Status::out_of_capacity, fmt::format("{}: cannot pack the weights: {}; read them in place (--in-place) or write a "
                                                      "packed image once (gdn pack {})",
                                                      model.dir(), why, model.dir()));
+  if (is_quantized(layout))
+    throw Error(Status::out_of_capacity, fmt::format("{}: cannot quantise the weights at load: {}; write the {} image once "
+                                                     "(gdn pack {} --quant {}), which loading then maps",
+                                                     model.dir(), why, weight_image_name(layout), model.dir(), weight_image_name(layout)));
   w.notice = fmt::format("gdn: {}reading the weights of {} in place: {}; decode runs slower than from a packed image "
                          "(write one with: gdn pack {})",
                          refused.empty() ? std::string() : fmt::format("not using the packed image ({}); ", refused), model.dir(),

@@ -88,7 +88,14 @@ std::size_t packed_bytes(const PreparedWeights& w, WeightImage layout);
 // The checkpoint name of each projection's weight (lm_head of a tied model: the embedding's), in
 // projections() order; empty for one the checkpoint does not name (a realigned copy).
 std::vector<std::string> projection_names(const PreparedWeights& w, const io::Checkpoint& ckpt);
-const char* weight_image_name(WeightImage layout) noexcept;  // "panels", "amx_tiles", "none"
+const char* weight_image_name(WeightImage layout) noexcept;  // "panels", "amx_tiles", "q8_0", "q4_0", "none"
+// The image layout a load with these params reads: the quantisation's (every kernel reads it), else
+// this process's projection kernel's (none: it reads the weights in place).
+inline WeightImage load_layout(const ModelParams& mp) noexcept {
+  if (mp.quant == WeightQuant::q8_0) return WeightImage::q8_0;
+  if (mp.quant == WeightQuant::q4_0) return WeightImage::q4_0;
+  return weight_image_layout(linear_kernel());
+}
 // The memory packing leaves free beyond the packed copy (for contexts and the rest of the
 // process): an eighth of the copy, at least 512 MiB.
 inline std::int64_t packing_margin(std::int64_t packed) noexcept {
