@@ -772,8 +772,8 @@ TEST_CASE("sizes, memory and packed images at load", "[bad][sizes][image]") {
   expect_error("image.not_an_image", Status::invalid_file, "wrong magic (not a libgdn packed weight image)", load_image);
   with([](auto& b) { b[8] = std::byte{2}; }, false);
   expect_error("image.future_version", Status::invalid_file, "format version 2 is not the supported 1", load_image);
-  with(json_edit("\"weight_encoding\":\"bf16\"", "\"weight_encoding\":\"q4_0\""), true);
-  expect_error("image.unknown_encoding", Status::invalid_file, "weight encoding 'q4_0' is not one this libgdn reads", load_image);
+  with(json_edit("\"weight_encoding\":\"bf16\"", "\"weight_encoding\":\"q3_k\""), true);
+  expect_error("image.unknown_encoding", Status::invalid_file, "weight encoding 'q3_k' is not one this libgdn reads", load_image);
   with(json_edit("\"layout_version\":1", "\"layout_version\":7"), true);
   expect_error("image.layout_version", Status::invalid_file, "layout panels version 7 is not the version 1", load_image);
   with(json_edit("\"layout\":\"panels\"", "\"layout\":\"panelz\""), true);

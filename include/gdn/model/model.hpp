@@ -51,7 +51,7 @@ const char* weight_placement_name(WeightPlacement p) noexcept;  // "automatic", 
 // The CPU backend reads them from a quantised image: packed at load, or mapped from the file
 // `gdn pack --quant` writes (DIR/gdn-packed.<quant>.gdnimg, looked for first). A quantised model
 // cannot be read in place (WeightPlacement::in_place is refused) and its logits are not the
-// checkpoint's (tests/test_quant_model.cpp bounds the difference).
+// checkpoint's (docs/quantization.md states what is measured so far).
 enum class WeightQuant : int { none = 0, q8_0 = 1, q4_0 = 2 };
 const char* weight_quant_name(WeightQuant q) noexcept;  // "none", "q8_0", "q4_0"
 // "none" / "bf16", "q8_0" / "q8", "q4_0" / "q4"; throws gdn::Error(invalid_argument) naming the rest.
