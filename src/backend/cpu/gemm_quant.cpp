@@ -31,6 +31,7 @@
 #include "gemm_internal.hpp"
 
 #if GDN_X86
+#include <cpuid.h>
 #include <immintrin.h>
 #define GDN_T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -317,13 +318,23 @@ void vnni_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, st
 }
 #endif
 
+#if GDN_X86
+// AVX2 + FMA + F16C (the half scales). F16C is CPUID leaf 1, ECX bit 29, asked directly because
+// older compilers (clang 14) do not know "f16c" in __builtin_cpu_supports.
+bool cpu_has_avx2_fma_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & (1u << 29)) == 0) return false;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
 QuantKernel detect_quant_kernel() {
   QuantKernel best = QuantKernel::scalar;
 #if GDN_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    best = QuantKernel::avx2;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+  if (cpu_has_avx2_fma_f16c()) best = QuantKernel::avx2;
+  if (best == QuantKernel::avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
     best = QuantKernel::avx512vnni;
 #endif
@@ -353,8 +364,7 @@ const char* quant_kernel_name(QuantKernel k) noexcept {
 bool quant_kernel_supported(QuantKernel k) noexcept {
   if (k == QuantKernel::scalar) return true;
 #if GDN_X86
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx2 = cpu_has_avx2_fma_f16c();
   if (k == QuantKernel::avx2) return avx2;
   return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
