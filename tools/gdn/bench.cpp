@@ -48,6 +48,7 @@
 #include "checkpoints.hpp"
 #include "commands.hpp"
 #include "backend/cpu/linear.hpp"
+#include "backend/cpu/quant.hpp"
 #include "gdn/core/anonymous_memory.hpp"
 #include "gdn/gdn.hpp"
 #include "gdn/model/packed_image.hpp"
@@ -213,10 +214,17 @@ class BandwidthMeter {
 };
 
 // Bytes of weights one decode step streams: every projection of every layer, plus lm_head and one
-// embedding row.
+// embedding row. A quantised model's projections count their quantised image (scales included).
 std::int64_t weight_bytes_per_token(const Model& m) {
   std::int64_t b = 0;
-  for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false)) b += static_cast<std::int64_t>(lw->w.nbytes());
+  const WeightQuant q = m.params().quant;
+  for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false)) {
+    if (q == WeightQuant::none)
+      b += static_cast<std::int64_t>(lw->w.nbytes());
+    else
+      b += static_cast<std::int64_t>(cpu::quant_image_bytes(q == WeightQuant::q8_0 ? cpu::QuantFormat::q8_0 : cpu::QuantFormat::q4_0,
+                                                            lw->w.dim(0), lw->w.dim(1)));
+  }
   const TensorView& e = m.weights().embed_tokens;
   return b + static_cast<std::int64_t>(e.nbytes() / static_cast<std::size_t>(e.dim(0)));
 }
@@ -240,6 +248,7 @@ struct Options {
   std::string peer_args;
   int rounds = 3;
   WeightPlacement weights = WeightPlacement::automatic;  // --weights / --in-place
+  WeightQuant quant = WeightQuant::none;   // --quant: block-quantised projections (docs/quantization.md)
   std::string image_path;                  // --image-path: where the packed image is (written when missing)
   std::vector<std::string> load_modes = {"in-place", "pack", "image"};  // the load-time section
   bool sparse = false;                     // --sparse: an all-zero generated checkpoint (holes on disk)
@@ -435,7 +444,7 @@ int usage() {
       "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
       "                 [--peer-args 'ARGS'] [--rounds N] [--weights auto|pack|image|in-place] [--in-place]\n"
-      "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N]\n"
+      "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N] [--quant q8_0|q4_0]\n"
       "                 [--float32-only]\n"
       "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512, no load section\n"
       "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
@@ -486,6 +495,7 @@ int bench(int argc, char** argv) {
     else if (a == "--in-place") o.weights = WeightPlacement::in_place;
     else if (a == "--weights" && v) o.weights = placement_named(argv[++i]);
     else if (a == "--image-path" && v) o.image_path = argv[++i];
+    else if (a == "--quant" && v) o.quant = parse_weight_quant(argv[++i]);
     else if (a == "--load-modes" && v) {
       o.load_modes.clear();
       for (std::string_view m = argv[++i]; !m.empty();) {
@@ -579,7 +589,8 @@ int bench(int argc, char** argv) {
 
   ModelParams mparams;
   mparams.weights = o.weights;
-  mparams.packed_image = image;
+  mparams.packed_image = o.quant == WeightQuant::none || !o.image_path.empty() ? image : std::string();
+  mparams.quant = o.quant;
   auto model = Model::load(dir, mparams);
   out["weights"] = weight_placement_name(model->weight_placement());
   const auto& cfg = model->config();
