@@ -192,5 +192,21 @@ TEST_CASE("quantised kernels: a fused call equals separate calls; zero and non-f
       REQUIRE(std::isnan(y[static_cast<std::size_t>(n)]));
       REQUIRE(std::isfinite(y[static_cast<std::size_t>(64 + n)]));
     }
+    // So does an infinite one; and a row so small that 127 / max|x| overflows (subnormal values)
+    // still gives the dequantised product, not garbage integers.
+    x[5] = std::numeric_limits<float>::infinity();
+    for (std::int64_t j = 0; j < in; ++j) x[static_cast<std::size_t>(2 * in + j)] = 1e-38f * nd(rng);
+    const auto z = run(pool, ws, cpu::linear_kernel(), A.view, ia, x, rows);
+    for (std::int64_t n = 0; n < 64; ++n) {
+      REQUIRE(std::isnan(z[static_cast<std::size_t>(n)]));
+      double ref = 0.0, mag = 0.0;
+      for (std::int64_t k = 0; k < in; ++k) {
+        const double w = cpu::quant_image_value(format_of(layout), ia.bytes(), 64, in, n, k);
+        ref += w * x[static_cast<std::size_t>(2 * in + k)];
+        mag += std::fabs(w * x[static_cast<std::size_t>(2 * in + k)]);
+      }
+      INFO(fmt::format("subnormal row, output {}: {} vs {}", n, z[static_cast<std::size_t>(128 + n)], ref));
+      REQUIRE(std::fabs(z[static_cast<std::size_t>(128 + n)] - ref) <= 1e-3 * mag);
+    }
   }
 }

@@ -460,11 +460,14 @@ void quantize_activations(const float* x, std::int64_t ldx, std::int64_t r0, std
         amax = std::max(amax, std::fabs(e));
       }
       // A non-finite activation has no int8 form: its block's parts are zero and its scale NaN, so
-      // the row's outputs are NaN (as the float kernels' would be), never garbage integers.
-      const float inv = amax > 0.0f && finite ? 127.0f / amax : 0.0f;
+      // the row's outputs are NaN (as the float kernels' would be), never garbage integers. A block
+      // so small that 127 / amax overflows (amax < 3.7e-37) is scaled by division instead.
+      const bool usable = finite && amax > 0.0f;
+      const float inv = usable ? 127.0f / amax : 0.0f;
+      const bool by_division = usable && std::isinf(inv);
       std::int32_t sh = 0, sl = 0;
       for (int j = 0; j < 32; ++j) {
-        const float u = v[j] * inv;
+        const float u = !usable ? 0.0f : by_division ? v[j] / amax * 127.0f : v[j] * inv;
         const float h = std::clamp(round_even(u), -127.0f, 127.0f);
         const float l = std::clamp(round_even((u - h) * 254.0f), -127.0f, 127.0f);
         hi[32 * b + j] = static_cast<std::int8_t>(h);
