@@ -52,11 +52,13 @@ struct HeldoutResult {
   int tokenizer_mismatch = 0, parity_mismatch = 0, ours_correct = 0, hf_correct = 0, prompts = 0;
 };
 
-HeldoutResult run_heldout(MatmulInput matmul_input) {
+HeldoutResult run_heldout(MatmulInput matmul_input, WeightQuant quant = WeightQuant::none) {
   const auto rows = heldout();
   REQUIRE(rows.size() >= 200);
   const Tokenizer tok = Tokenizer::load(model_dir + "/tokenizer.json");
-  auto model = Model::load(model_dir);
+  ModelParams mp;
+  mp.quant = quant;
+  auto model = Model::load(model_dir, mp);
   ContextParams p;
   p.max_sequences = 1;
   p.max_context = 512;
@@ -105,10 +107,19 @@ TEST_CASE("trained model with bf16 matmul inputs: the same answers as transforme
   CHECK(acc >= 0.90);
 }
 
-TEST_CASE("trained model: greedy MTP speculative decoding changes no token; acceptance is measured", "[tiny][spec]") {
+// Greedy MTP over the held-out prompts with k drafts per round: acceptance rate, tokens per main
+// step, and how many generations differ from transformers' (greedy speculation must change none).
+struct MtpResult {
+  double acceptance = 0.0, tokens_per_step = 0.0;
+  int mismatch = 0;
+};
+
+MtpResult run_mtp(int k, WeightQuant quant = WeightQuant::none) {
   const auto rows = heldout();
   const Tokenizer tok = Tokenizer::load(model_dir + "/tokenizer.json");
-  auto model = Model::load(model_dir);
+  ModelParams mp;
+  mp.quant = quant;
+  auto model = Model::load(model_dir, mp);
   REQUIRE(model->has_mtp());
   ContextParams p;
   p.max_sequences = 1;
@@ -117,33 +128,62 @@ TEST_CASE("trained model: greedy MTP speculative decoding changes no token; acce
   p.max_rollback_tokens = 4;
   Context ctx(model, p);
   Generator gen(ctx, tok, load_eos_token_ids(model_dir));
+  GenerationParams gp;
+  gp.max_tokens = 16;
+  gp.mtp_draft = k;
+  gp.mtp_adaptive = false;
+  std::int64_t drafted = 0, accepted = 0, rounds = 0, generated = 0;
+  MtpResult res;
+  for (const auto& r : rows) {
+    const auto g = gen.generate(r.prompt_ids, gp);
+    res.mismatch += g.tokens != r.generated_ids;
+    drafted += g.speculative.drafted;
+    accepted += g.speculative.accepted;
+    rounds += g.speculative.rounds;
+    generated += g.speculative.generated;
+  }
+  res.acceptance = static_cast<double>(accepted) / static_cast<double>(std::max<std::int64_t>(drafted, 1));
+  res.tokens_per_step = static_cast<double>(generated) / static_cast<double>(std::max<std::int64_t>(rounds, 1));
+  return res;
+}
+
+TEST_CASE("trained model: greedy MTP speculative decoding changes no token; acceptance is measured", "[tiny][spec]") {
   std::ifstream in(model_dir + "/eval/mtp_acceptance.json");
   const auto recorded = nlohmann::json::parse(in);
   for (int k = 1; k <= 3; ++k) {
-    GenerationParams gp;
-    gp.max_tokens = 16;
-    gp.mtp_draft = k;
-    gp.mtp_adaptive = false;
-    std::int64_t drafted = 0, accepted = 0, rounds = 0, generated = 0;
-    int mismatch = 0;
-    for (const auto& r : rows) {
-      const auto g = gen.generate(r.prompt_ids, gp);
-      mismatch += g.tokens != r.generated_ids;
-      drafted += g.speculative.drafted;
-      accepted += g.speculative.accepted;
-      rounds += g.speculative.rounds;
-      generated += g.speculative.generated;
-    }
-    const double rate = static_cast<double>(accepted) / static_cast<double>(std::max<std::int64_t>(drafted, 1));
+    const MtpResult m = run_mtp(k);
     const double theirs = recorded["results"][std::to_string(k)]["acceptance_rate"].get<double>();
     WARN(fmt::format("gdn-tiny MTP k={}: acceptance {:.3f} (reference implementation {:.3f}), {:.2f} tokens per main step",
-                     k, rate, theirs, static_cast<double>(generated) / static_cast<double>(std::max<std::int64_t>(rounds, 1))));
-    CHECK(mismatch == 0);
+                     k, m.acceptance, theirs, m.tokens_per_step));
+    CHECK(m.mismatch == 0);
     // k = 1: every round drafts one token from the same pair, so the counts must agree with the
     // Python reference; for k > 1 the two count the drafts of a round cut short by eos differently.
     if (k == 1) {
-      CHECK(std::abs(rate - theirs) < 0.01);
-      CHECK(rate > 0.9);  // a wrong MTP input (pre-norm hidden, swapped halves) would collapse this
+      CHECK(std::abs(m.acceptance - theirs) < 0.01);
+      CHECK(m.acceptance > 0.9);  // a wrong MTP input (pre-norm hidden, swapped halves) would collapse this
     }
+  }
+}
+
+// Block-quantised weights (docs/quantization.md) on the one trained checkpoint: held-out exact-match
+// accuracy at q8_0 and q4_0 within 1% of the float model's (at least 99% of it), and MTP acceptance
+// (k = 1) within 0.03 of float — the quantised MTP head still drafts what the quantised trunk takes.
+TEST_CASE("trained model quantised (q8_0, q4_0): held-out accuracy and MTP acceptance against float", "[tiny][quant]") {
+  const HeldoutResult f = run_heldout(MatmulInput::float32);
+  const double acc_f = static_cast<double>(f.ours_correct) / f.prompts;
+  const MtpResult mf = run_mtp(1);
+  for (const WeightQuant q : {WeightQuant::q8_0, WeightQuant::q4_0}) {
+    const HeldoutResult r = run_heldout(MatmulInput::float32, q);
+    const double acc = static_cast<double>(r.ours_correct) / r.prompts;
+    const MtpResult m = run_mtp(1, q);
+    WARN(fmt::format("gdn-tiny {}: held-out exact-match {:.1f}% (float {:.1f}%), {} of {} generations differ from float; "
+                     "MTP k=1 acceptance {:.3f} (float {:.3f}), {:.2f} tokens per main step",
+                     weight_quant_name(q), 100 * acc, 100 * acc_f, r.parity_mismatch, r.prompts, m.acceptance,
+                     mf.acceptance, m.tokens_per_step));
+    CHECK(acc >= 0.99 * acc_f);
+    CHECK(m.acceptance >= mf.acceptance - 0.03);
+    // Greedy speculation on the quantised model changes no token of the quantised model's own
+    // greedy output: parity counts against transformers' float tokens, so it equals the plain run's.
+    CHECK(m.mismatch == r.parity_mismatch);
   }
 }
