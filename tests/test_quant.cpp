@@ -104,6 +104,33 @@ TEST_CASE("quantised formats: each block's scale and values follow the stated ro
   }
 }
 
+TEST_CASE("quantised formats: a non-finite weight makes its block NaN, never a saturated scale", "[quant]") {
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  cpu::LinearWorkspace ws;
+  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+    Weight W(40, 64, rng);
+    W.data[5] = to_bf16(std::numeric_limits<float>::quiet_NaN());          // row 0, block 0
+    W.data[64 * 3 + 40] = to_bf16(std::numeric_limits<float>::infinity());  // row 3, block 1
+    const Image img(layout, W.view);
+    const auto f = format_of(layout);
+    for (std::int64_t k = 0; k < 64; ++k) {
+      REQUIRE(std::isnan(cpu::quant_image_value(f, img.bytes(), 40, 64, 0, k)) == (k < 32));
+      REQUIRE(std::isnan(cpu::quant_image_value(f, img.bytes(), 40, 64, 3, k)) == (k >= 32));
+      REQUIRE(std::isfinite(cpu::quant_image_value(f, img.bytes(), 40, 64, 1, k)));
+    }
+    std::vector<float> x(2 * 64);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : x) v = nd(rng);
+    for (const auto k : kernels) {
+      const auto y = run(pool, ws, k, W.view, img, x, 2);
+      for (std::int64_t r = 0; r < 2; ++r)
+        for (std::int64_t n = 0; n < 40; ++n)
+          REQUIRE(std::isnan(y[static_cast<std::size_t>(r * 40 + n)]) == (n == 0 || n == 3));
+    }
+  }
+}
+
 TEST_CASE("quantised formats: deterministic, and whole groups pack alone as together", "[quant]") {
   std::mt19937 rng(11);
   const Weight W(100, 72, rng);

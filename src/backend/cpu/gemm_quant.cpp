@@ -407,17 +407,23 @@ void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0
             if (std::fabs(w) > std::fabs(m)) m = w;
           d = m / -8.0f;
         }
-        const std::uint16_t dh = to_half(d);
+        // A block with a NaN or infinite weight has no integer form: its scale is NaN and its
+        // integers 0, so the outputs it touches are NaN (as the float kernels' would be).
+        bool finite = true;
+        for (float w : v) finite = finite && std::isfinite(w);
+        const std::uint16_t dh = finite ? to_half(d) : std::uint16_t{0x7e00};
         std::memcpy(t + int_bytes(f) + 2 * n, &dh, 2);
-        const float ds = to_float(f16{dh});
-        const float id = ds != 0.0f ? 1.0f / ds : 0.0f;
+        // q = round(w / d) with the quotient correctly rounded (not w · (1/d), whose rounding
+        // moves exact ties, frequent at q4_0 where d = -m/8 is exact).
+        const float ds = finite ? to_float(f16{dh}) : 0.0f;
         for (std::int64_t j = 0; j < 32; ++j) {
           std::uint8_t& byte = t[tile_byte(f, n, j)];
           if (f == QuantFormat::q8_0) {
-            const float q = std::clamp(round_even(v[j] * id), -127.0f, 127.0f);
+            const float q = ds != 0.0f ? std::clamp(round_even(v[j] / ds), -127.0f, 127.0f) : 0.0f;
             byte = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
           } else {
-            const auto u = static_cast<std::uint8_t>(std::clamp(round_even(v[j] * id), -8.0f, 7.0f) + 8.0f);
+            const float q = ds != 0.0f ? std::clamp(round_even(v[j] / ds), -8.0f, 7.0f) : 0.0f;
+            const auto u = static_cast<std::uint8_t>(q + 8.0f);
             byte = high_nibble(j) ? static_cast<std::uint8_t>((byte & 0x0F) | (u << 4))
                                   : static_cast<std::uint8_t>((byte & 0xF0) | u);
           }

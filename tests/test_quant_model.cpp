@@ -1,0 +1,232 @@
+// Quantised models end to end (docs/quantization.md), on the committed fixtures:
+//   - against an independent reference: the test quantises every projection itself (its own
+//     rounding code, its own float → half), writes the dequantised values as an f32 checkpoint and
+//     runs that through the float path; the quantised model may differ only by its activations'
+//     int8 rounding;
+//   - the format's own error: the quantised model's logits vs the float model's, max and RMS, with
+//     stated bounds (random-weight fixtures amplify weight noise; gdn-tiny's task accuracy,
+//     test_tiny_model, is the measure of what quantisation costs a trained model).
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "gdn/io/tokenizer.hpp"
+#include "safetensors_writer.hpp"
+#include "test_util.hpp"
+
+using namespace gdn;
+
+namespace {
+
+// The IEEE half nearest to x (ties to even; saturating), found by bisection over the bit patterns
+// of the positive halves, which increase with their value: independent of the library's converter.
+float nearest_half(float x) {
+  const float a = std::fabs(x);
+  auto value = [](std::uint16_t bits) { return to_float(f16{bits}); };
+  std::uint16_t lo = 0, hi = 0x7bff;
+  if (a >= value(hi)) return std::copysign(value(hi), x);
+  while (hi - lo > 1) {
+    const auto mid = static_cast<std::uint16_t>((lo + hi) / 2);
+    (value(mid) <= a ? lo : hi) = mid;
+  }
+  const float below = a - value(lo), above = value(hi) - a;
+  const std::uint16_t pick = below < above ? lo : above < below ? hi : (lo & 1u) ? hi : lo;
+  return std::copysign(value(pick), x);
+}
+
+// One row of a weight, block-quantised and dequantised as the format states: blocks of 32 input
+// columns, q8_0 d = max|w| / 127, q = round(w / d) in [-127, 127]; q4_0 d = m / -8 (m the block's
+// value of largest magnitude), q = clamp(round(w / d), -8, 7); d rounded to half first.
+void quantize_row(WeightQuant q, float* w, std::int64_t in) {
+  for (std::int64_t b = 0; b < in; b += 32) {
+    const std::int64_t n = std::min<std::int64_t>(32, in - b);
+    float m = 0.0f;
+    for (std::int64_t j = 0; j < n; ++j)
+      if (std::fabs(w[b + j]) > std::fabs(m)) m = w[b + j];
+    const float d = nearest_half(q == WeightQuant::q8_0 ? std::fabs(m) / 127.0f : m / -8.0f);
+    const float lo = q == WeightQuant::q8_0 ? -127.0f : -8.0f, hi = q == WeightQuant::q8_0 ? 127.0f : 7.0f;
+    for (std::int64_t j = 0; j < n; ++j)
+      w[b + j] = d == 0.0f ? 0.0f : d * std::clamp(std::nearbyint(w[b + j] / d), lo, hi);
+  }
+}
+
+// The projections the policy quantises: every 2-D weight of the language model and its MTP head
+// but the embeddings (a vision tower's weights are not the language model's).
+bool is_projection(const std::string& name, const test::TensorData& t) {
+  return t.shape.size() == 2 && name.find("embed_tokens") == std::string::npos && name.find("visual.") == std::string::npos;
+}
+
+// `src` with every projection replaced by its dequantised values, as float32, in `dst`.
+int write_dequantized(const std::string& src, const std::string& dst, WeightQuant q) {
+  test::TensorMap tensors = test::read_tensors(src);
+  int n = 0;
+  for (auto& [name, t] : tensors) {
+    if (!is_projection(name, t)) continue;
+    std::vector<float> v = t.floats();
+    for (std::int64_t r = 0; r < t.shape[0]; ++r) quantize_row(q, v.data() + r * t.shape[1], t.shape[1]);
+    t.dtype = DType::f32;
+    t.bytes.resize(v.size() * sizeof(float));
+    t.set_floats(v);
+    ++n;
+  }
+  test::write_checkpoint(src, dst, tensors, test::read_config(src));
+  return n;
+}
+
+ContextParams params() {
+  ContextParams p;
+  p.max_sequences = 1;
+  p.max_context = 512;
+  p.threads = 2;
+  p.max_logits_rows = 256;
+  p.max_batch_tokens = 512;
+  return p;
+}
+
+double rms(const std::vector<float>& a) {
+  double s = 0.0;
+  for (const float x : a) s += static_cast<double>(x) * x;
+  return std::sqrt(s / static_cast<double>(a.size()));
+}
+
+double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  return std::sqrt(s / static_cast<double>(a.size()));
+}
+
+// Fixtures with their own lm_head (a tied one shares the embedding, which is not quantised).
+const char* const untied[] = {"qwen35_cond_mtp", "qwen3next_dense"};
+
+}  // namespace
+
+TEST_CASE("independent half rounding agrees with IEEE on exact and tie cases", "[quant][reference]") {
+  CHECK(nearest_half(1.0f) == 1.0f);
+  CHECK(nearest_half(-2.5f) == -2.5f);
+  CHECK(nearest_half(1.0f + 1.0f / 2048) == 1.0f);                  // tie between 1 and 1 + 2⁻¹⁰: even
+  CHECK(nearest_half(1.0f + 3.0f / 2048) == 1.0f + 2.0f / 1024);    // tie: to the even neighbour
+  CHECK(nearest_half(1e6f) == 65504.0f);                            // saturates
+  CHECK(nearest_half(std::ldexp(1.0f, -24)) == std::ldexp(1.0f, -24));  // the smallest subnormal
+}
+
+// Bound: the reference runs the dequantised weights on float activations; the quantised model
+// rounds its activations to two int8 parts (2⁻¹⁵ of each block's largest value). Through the
+// fixtures' random layers that gives max 1.2e-2, RMS 4.7e-4 (logit RMS ≈ 0.9); one weight rounded
+// the other way at a tie already moved logits by 0.17, a wrong scale, nibble order or block
+// boundary by far more.
+constexpr double reference_max_tolerance = 3e-2;
+constexpr double reference_rms_tolerance = 2e-3;
+
+TEST_CASE("quantised logits match an independently dequantised checkpoint run in float", "[quant][fixtures]") {
+  for (const std::string name : untied) {
+    for (const WeightQuant q : {WeightQuant::q8_0, WeightQuant::q4_0}) {
+      test::TempDir dir("quant_reference");
+      const int quantised = write_dequantized(test::fixture_model(name), dir.str(), q);
+      ModelParams mp;
+      mp.quant = q;
+      auto model = Model::load(test::fixture_model(name), mp);
+      auto reference = Model::load(dir.str());
+      // The policy's tensors are the ones the engine quantises.
+      REQUIRE(quantised == static_cast<int>(model->weights().projections(/*include_mtp=*/true).size()));
+      Context ctx(model, params()), rctx(reference, params());
+      test::Reference ref(name);
+      double worst = 0.0, worst_rms = 0.0;
+      for (int i = 0; i < 6; ++i) {
+        const auto tokens = ref.tokens(fmt::format("prompt{}.tokens", i));
+        const auto got = test::prefill_logits(ctx, tokens), want = test::prefill_logits(rctx, tokens);
+        REQUIRE(got.size() == want.size());
+        const double d = test::max_abs_diff(got.data(), want.data(), got.size()), r = rms_diff(got, want);
+        INFO(fmt::format("{} {} prompt {} (T={}): max {:.3g}, RMS {:.3g}, logit RMS {:.3g}", name, weight_quant_name(q), i,
+                         tokens.size(), d, r, rms(want)));
+        CHECK(d <= reference_max_tolerance);
+        CHECK(r <= reference_rms_tolerance);
+        worst = std::max(worst, d);
+        worst_rms = std::max(worst_rms, r);
+      }
+      WARN(fmt::format("{} {} vs its dequantised float reference: max {:.3g}, RMS {:.3g} (6 prompts)", name,
+                       weight_quant_name(q), worst, worst_rms));
+    }
+  }
+}
+
+// What the formats cost, on every committed fixture: the quantised model's logits against the same
+// checkpoint's float logits. These fixtures' random weights (inputs of 48–128 columns, no trained
+// structure) amplify weight noise far beyond a trained model's, so the bounds are the measured
+// figures with headroom, there to catch a regression of the format, not to judge its quality.
+struct FormatBound {
+  WeightQuant quant;
+  double max, rms;  // relative to the float logits' RMS
+};
+constexpr FormatBound format_bounds[] = {{WeightQuant::q8_0, 4.0, 0.3}, {WeightQuant::q4_0, 10.0, 1.5}};
+
+TEST_CASE("quantisation error against the float logits of every fixture, bounded", "[quant][fixtures]") {
+  for (const std::string name : {"qwen35_tied", "qwen35_cond_mtp", "qwen35_f32params", "qwen3next_dense"}) {
+    test::Reference ref(name);
+    auto plain = Model::load(test::fixture_model(name));
+    Context pctx(plain, params());
+    std::vector<std::vector<float>> want;
+    for (int i = 0; i < 6; ++i) want.push_back(test::prefill_logits(pctx, ref.tokens(fmt::format("prompt{}.tokens", i))));
+    for (const FormatBound& bound : format_bounds) {
+      ModelParams mp;
+      mp.quant = bound.quant;
+      auto model = Model::load(test::fixture_model(name), mp);
+      Context ctx(model, params());
+      double worst = 0.0, worst_rms = 0.0;
+      for (int i = 0; i < 6; ++i) {
+        const auto got = test::prefill_logits(ctx, ref.tokens(fmt::format("prompt{}.tokens", i)));
+        const double scale = rms(want[i]);
+        worst = std::max(worst, test::max_abs_diff(got.data(), want[i].data(), got.size()) / scale);
+        worst_rms = std::max(worst_rms, rms_diff(got, want[i]) / scale);
+      }
+      WARN(fmt::format("{} {} vs float: max {:.3g}, RMS {:.3g} (relative to the logits' RMS; bounds {}, {})", name,
+                       weight_quant_name(bound.quant), worst, worst_rms, bound.max, bound.rms));
+      CHECK(worst <= bound.max);
+      CHECK(worst_rms <= bound.rms);
+    }
+  }
+}
+
+// The trained checkpoint is the meaningful measure: its logits at q8_0 and q4_0 against float on
+// task prompts, relative to the logits' RMS, and how often the greedy token changes.
+TEST_CASE("quantisation error on the trained model's logits, bounded", "[quant][tiny]") {
+  const std::string dir = test::source_dir() + "/models/gdn-tiny";
+  const Tokenizer tok = Tokenizer::load(dir + "/tokenizer.json");
+  const char* const prompts[] = {"add 31+13=", "add 718+52=", "reverse 90417=", "copy 4821=", "reverse 5316=71",
+                                 "add 2+9876="};
+  auto plain = Model::load(dir);
+  Context pctx(plain, params());
+  std::vector<std::vector<float>> want;
+  std::vector<std::vector<Token>> ids;
+  for (const char* p : prompts) {
+    ids.push_back(tok.encode(p));
+    want.push_back(test::prefill_logits(pctx, ids.back()));
+  }
+  const std::int64_t V = plain->config().vocab_size;
+  for (const auto& [q, max_bound, rms_bound] : {std::tuple{WeightQuant::q8_0, 0.05, 0.01}, std::tuple{WeightQuant::q4_0, 0.4, 0.08}}) {
+    ModelParams mp;
+    mp.quant = q;
+    auto model = Model::load(dir, mp);
+    Context ctx(model, params());
+    double worst = 0.0, worst_rms = 0.0;
+    std::int64_t positions = 0, flips = 0;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      const auto got = test::prefill_logits(ctx, ids[i]);
+      const double scale = rms(want[i]);
+      worst = std::max(worst, test::max_abs_diff(got.data(), want[i].data(), got.size()) / scale);
+      worst_rms = std::max(worst_rms, rms_diff(got, want[i]) / scale);
+      for (std::size_t t = 0; t < ids[i].size(); ++t, ++positions) {
+        const float* a = want[i].data() + t * V;
+        const float* b = got.data() + t * V;
+        flips += std::max_element(a, a + V) - a != std::max_element(b, b + V) - b;
+      }
+    }
+    WARN(fmt::format("gdn-tiny {} vs float: max {:.3g}, RMS {:.3g} (relative to the logits' RMS; bounds {}, {}); greedy "
+                     "token changed at {} of {} positions",
+                     weight_quant_name(q), worst, worst_rms, max_bound, rms_bound, flips, positions));
+    CHECK(worst <= max_bound);
+    CHECK(worst_rms <= rms_bound);
+  }
+}
