@@ -10,6 +10,7 @@
 
 using namespace gdn;
 using gdn::test::max_abs_diff;
+using gdn::test::rms_diff;
 
 namespace {
 
@@ -70,12 +71,6 @@ TEST_CASE("logits match transformers (float32) on every fixture and prompt", "[f
 // `bf16_input_rms_tolerance`. (Maximum differences say little here: the random-weight fixtures
 // amplify any rounding into a few large outliers, up to 3 logits in transformers' bf16 run.)
 constexpr double bf16_input_rms_tolerance = 0.15;
-
-double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0.0;
-  for (std::size_t j = 0; j < a.size(); ++j) s += (static_cast<double>(a[j]) - b[j]) * (static_cast<double>(a[j]) - b[j]);
-  return std::sqrt(s / static_cast<double>(a.size()));
-}
 
 TEST_CASE("bf16 matmul inputs: logits as close to transformers float32 as transformers' bf16 run", "[fixtures][bf16]") {
   for (const std::string name : models) {

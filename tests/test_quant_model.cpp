@@ -18,6 +18,7 @@
 #include "test_util.hpp"
 
 using namespace gdn;
+using gdn::test::rms_diff;
 
 namespace {
 
@@ -89,12 +90,6 @@ ContextParams params() {
 double rms(const std::vector<float>& a) {
   double s = 0.0;
   for (const float x : a) s += static_cast<double>(x) * x;
-  return std::sqrt(s / static_cast<double>(a.size()));
-}
-
-double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
   return std::sqrt(s / static_cast<double>(a.size()));
 }
 

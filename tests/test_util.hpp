@@ -62,6 +62,12 @@ inline float max_abs_diff(const float* a, const float* b, std::size_t n) {
   return m;
 }
 
+inline double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0.0;
+  for (std::size_t j = 0; j < a.size(); ++j) s += (static_cast<double>(a[j]) - b[j]) * (static_cast<double>(a[j]) - b[j]);
+  return std::sqrt(s / static_cast<double>(a.size()));
+}
+
 // Runs `tokens` through a fresh sequence of `ctx` as one step and returns [T, V] logits.
 inline std::vector<float> prefill_logits(Context& ctx, std::span<const Token> tokens) {
   const SeqId s = ctx.create_sequence();

@@ -48,7 +48,7 @@
 #include "checkpoints.hpp"
 #include "commands.hpp"
 #include "backend/cpu/linear.hpp"
-#include "backend/cpu/quant.hpp"
+#include "backend/cpu/prepared_weights.hpp"
 #include "gdn/core/anonymous_memory.hpp"
 #include "gdn/gdn.hpp"
 #include "gdn/model/packed_image.hpp"
@@ -217,14 +217,10 @@ class BandwidthMeter {
 // embedding row. A quantised model's projections count their quantised image (scales included).
 std::int64_t weight_bytes_per_token(const Model& m) {
   std::int64_t b = 0;
-  const WeightQuant q = m.params().quant;
-  for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false)) {
-    if (q == WeightQuant::none)
-      b += static_cast<std::int64_t>(lw->w.nbytes());
-    else
-      b += static_cast<std::int64_t>(cpu::quant_image_bytes(q == WeightQuant::q8_0 ? cpu::QuantFormat::q8_0 : cpu::QuantFormat::q4_0,
-                                                            lw->w.dim(0), lw->w.dim(1)));
-  }
+  const bool quantised = m.params().quant != WeightQuant::none;
+  const cpu::WeightImage layout = cpu::load_layout(m.params());
+  for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false))
+    b += static_cast<std::int64_t>(quantised ? 2 * cpu::weight_image_elements(layout, lw->out(), lw->in()) : lw->w.nbytes());
   const TensorView& e = m.weights().embed_tokens;
   return b + static_cast<std::int64_t>(e.nbytes() / static_cast<std::size_t>(e.dim(0)));
 }
