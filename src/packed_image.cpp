@@ -3,13 +3,9 @@
 
 #include "gdn/model/packed_image.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <memory>
 #include <unordered_map>
 #include <cstring>
@@ -23,6 +19,7 @@
 #include "gdn/core/error.hpp"
 #include "gdn/io/safetensors.hpp"
 #include "binary_io.hpp"
+#include "read_only_file.hpp"
 
 namespace gdn {
 namespace {
@@ -35,16 +32,6 @@ using detail::get_u32;
 using detail::put_u32;
 
 std::uint64_t round_up(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b * b; }
-
-void read_exactly(int fd, std::byte* dst, std::uint64_t n, std::uint64_t at, const std::string& path) {
-  std::uint64_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(at + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw Error(Status::io_error, fmt::format("cannot read '{}': {}", path, r < 0 ? std::strerror(errno) : "short read"));
-    done += static_cast<std::uint64_t>(r);
-  }
-}
 
 [[noreturn]] void bad(std::string_view what, const std::string& why) {
   throw Error(Status::invalid_file, fmt::format("{}: invalid packed weight image: {}", what, why));
@@ -125,25 +112,12 @@ PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std
 }
 
 PackedImageHeader read_packed_image_header(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(Status::io_error, fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error(Status::io_error, fmt::format("'{}' is not a regular file", path));
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  std::vector<std::byte> head(static_cast<std::size_t>(std::min<std::uint64_t>(size, fixed_bytes)));
-  read_exactly(fd, head.data(), head.size(), 0, path);
-  if (head.size() == fixed_bytes) {
-    const std::uint64_t n = get_u32(head.data() + 12);
-    if (n <= max_json && fixed_bytes + n + 4 <= size) {
-      head.resize(static_cast<std::size_t>(fixed_bytes + n + 4));
-      read_exactly(fd, head.data() + fixed_bytes, n + 4, fixed_bytes, path);
-    }
-  }
-  return parse_packed_image_header(head, size, path);
+  const detail::ReadOnlyFile file(path);
+  const auto head = file.head(fixed_bytes, [](std::span<const std::byte> h) {
+    const std::uint64_t n = get_u32(h.data() + 12);
+    return n <= max_json ? fixed_bytes + n + 4 : 0;
+  });
+  return parse_packed_image_header(head, file.size(), path);
 }
 
 PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std::uint64_t file_size, std::string_view what) {
@@ -290,26 +264,17 @@ std::string checkpoint_fingerprint(const io::Checkpoint& ckpt, std::span<const s
 std::string checkpoint_fingerprint(const std::string& dir, std::span<const std::string> tensors) {
   Fingerprint f;
   struct Shard {
-    int fd = -1;
-    std::string path;
+    detail::ReadOnlyFile file;
     io::SafetensorsHeader header;
-    ~Shard() {
-      if (fd >= 0) ::close(fd);
-    }
   };
   std::vector<std::unique_ptr<Shard>> shards;
   std::unordered_map<std::string, std::pair<const Shard*, const io::SafetensorsEntry*>> where;
   for (const auto& name : io::checkpoint_files(dir).shards) {
-    auto s = std::make_unique<Shard>();
-    s->path = (std::filesystem::path(dir) / name).string();
-    s->header = io::read_safetensors_header(s->path);
-    s->fd = ::open(s->path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (s->fd < 0) throw Error(Status::io_error, fmt::format("cannot open '{}': {}", s->path, std::strerror(errno)));
-    struct stat st {};
-    if (::fstat(s->fd, &st) != 0) throw Error(Status::io_error, fmt::format("cannot stat '{}'", s->path));
+    const std::string path = (std::filesystem::path(dir) / name).string();
+    auto s = std::unique_ptr<Shard>(new Shard{detail::ReadOnlyFile(path), io::read_safetensors_header(path)});
     std::vector<std::byte> head(static_cast<std::size_t>(s->header.data_offset));
-    read_exactly(s->fd, head.data(), head.size(), 0, s->path);
-    f.shard(name, static_cast<std::uint64_t>(st.st_size), head);
+    s->file.read(head.data(), head.size(), 0);
+    f.shard(name, s->file.size(), head);
     for (const auto& e : s->header.tensors) where.emplace(e.name, std::make_pair(s.get(), &e));
     shards.push_back(std::move(s));
   }
@@ -320,7 +285,7 @@ std::string checkpoint_fingerprint(const std::string& dir, std::span<const std::
     const auto& [s, e] = it->second;
     for (const auto& [at, n] : Fingerprint::samples(e->end - e->begin)) {
       buf.resize(static_cast<std::size_t>(n));
-      read_exactly(s->fd, buf.data(), n, s->header.data_offset + e->begin + at, s->path);
+      s->file.read(buf.data(), n, s->header.data_offset + e->begin + at);
       f.data(buf);
     }
   }

@@ -1,11 +1,7 @@
 #include "gdn/io/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gdn/core/error.hpp"
+#include "read_only_file.hpp"
 
 namespace gdn {
 
@@ -178,35 +175,13 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> head, std:
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(Status::io_error, fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error(Status::io_error, fmt::format("'{}' is not a regular file", path));
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  const auto read_at = [&](std::byte* dst, std::uint64_t n, std::uint64_t at) {
-    std::uint64_t done = 0;
-    while (done < n) {
-      const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(at + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw Error(Status::io_error, fmt::format("cannot read '{}': {}", path, r < 0 ? std::strerror(errno) : "short read"));
-      done += static_cast<std::uint64_t>(r);
-    }
-  };
-  std::vector<std::byte> head(static_cast<std::size_t>(std::min<std::uint64_t>(size, 8)));
-  read_at(head.data(), head.size(), 0);
-  if (size >= 8) {
-    const std::uint64_t n = read_le64(head.data());
-    // Lengths past the limit or the file are refused by the parser; only a plausible one is read.
-    if (n <= max_header_bytes && n <= size - 8) {
-      head.resize(static_cast<std::size_t>(8 + n));
-      read_at(head.data() + 8, n, 8);
-    }
-  }
-  return parse_safetensors_header(head, size, path);
+  const detail::ReadOnlyFile file(path);
+  // Lengths past the limit or the file are refused by the parser; only a plausible one is read.
+  const auto head = file.head(8, [](std::span<const std::byte> h) {
+    const std::uint64_t n = read_le64(h.data());
+    return n <= max_header_bytes ? 8 + n : 0;
+  });
+  return parse_safetensors_header(head, file.size(), path);
 }
 
 CheckpointFiles checkpoint_files(const std::string& dir) {
