@@ -24,6 +24,7 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
@@ -256,10 +257,11 @@ void expect_refused(const char* id, Status status, const std::string& needle, Co
   before.check_same(ctx);
 }
 
-// The packed-image layout this CPU's kernel does not read.
-std::string cpu_layout_other() {
-  return default_packed_image_path(".").find("panels") != std::string::npos ? "amx_tiles" : "panels";
+// The packed-image layout this CPU's kernel reads (AMX machines: amx_tiles), and the other one.
+std::string cpu_layout_this() {
+  return default_packed_image_path(".").find("panels") != std::string::npos ? "panels" : "amx_tiles";
 }
+std::string cpu_layout_other() { return cpu_layout_this() == "panels" ? "amx_tiles" : "panels"; }
 
 const char* const tied = "qwen35_tied";
 const char* const mtp_single = "qwen35_cond_mtp_single";
@@ -774,10 +776,13 @@ TEST_CASE("sizes, memory and packed images at load", "[bad][sizes][image]") {
   expect_error("image.future_version", Status::invalid_file, "format version 2 is not the supported 1", load_image);
   with(json_edit("\"weight_encoding\":\"bf16\"", "\"weight_encoding\":\"q3_k\""), true);
   expect_error("image.unknown_encoding", Status::invalid_file, "weight encoding 'q3_k' is not one this libgdn reads", load_image);
-  with(json_edit("\"layout_version\":1", "\"layout_version\":7"), true);
-  expect_error("image.layout_version", Status::invalid_file, "layout panels version 7 is not the version 1", load_image);
-  with(json_edit("\"layout\":\"panels\"", "\"layout\":\"panelz\""), true);
-  expect_error("image.unknown_layout", Status::invalid_file, "layout 'panelz' is not one this libgdn reads", load_image);
+  const std::string layout = cpu_layout_this(), unknown = layout.substr(0, layout.size() - 1) + "z";
+  REQUIRE(packed_layout_version(layout) < 9);  // the one-digit edit below keeps the header's length
+  with(json_edit(fmt::format("\"layout_version\":{}", packed_layout_version(layout)), "\"layout_version\":9"), true);
+  expect_error("image.layout_version", Status::invalid_file,
+               fmt::format("layout {} version 9 is not the version {}", layout, packed_layout_version(layout)), load_image);
+  with(json_edit(fmt::format("\"layout\":\"{}\"", layout), fmt::format("\"layout\":\"{}\"", unknown)), true);
+  expect_error("image.unknown_layout", Status::invalid_file, fmt::format("layout '{}' is not one this libgdn reads", unknown), load_image);
   with([](auto& b) {  // the first tensor's offset, one byte on
     const std::string text(reinterpret_cast<const char*>(b.data()), 1 << 12);
     auto at = text.find("\"offset\":");
