@@ -49,6 +49,7 @@
 #include "commands.hpp"
 #include "backend/cpu/linear.hpp"
 #include "backend/cpu/prepared_weights.hpp"
+#include "backend/cpu/quant.hpp"
 #include "gdn/core/anonymous_memory.hpp"
 #include "gdn/gdn.hpp"
 #include "gdn/model/packed_image.hpp"
@@ -383,11 +384,12 @@ WeightPlacement placement_named(std::string_view v) {
 
 // Makes sure a valid packed image of `dir` is at `path` (writing it when missing or refused);
 // returns the seconds `gdn pack` took (0 when the image was there).
-double ensure_image(const std::string& dir, const std::string& path) {
+double ensure_image(const std::string& dir, const std::string& path, WeightQuant quant) {
   try {
     ModelParams mp;
     mp.weights = WeightPlacement::image;
     mp.packed_image = path;
+    mp.quant = quant;
     Model::load(dir, mp);
     return 0.0;
   } catch (const Error& e) {
@@ -395,6 +397,7 @@ double ensure_image(const std::string& dir, const std::string& path) {
   }
   PackImageOptions po;
   po.out = path;
+  po.quant = quant;
   const PackImageResult r = write_packed_image(dir, po);
   fmt::print(stderr, "  {} MB in {:.1f} s ({} MB of non-zero blocks)\n", r.file_bytes / 1000000, r.seconds, r.written_bytes / 1000000);
   return r.seconds;
@@ -402,10 +405,11 @@ double ensure_image(const std::string& dir, const std::string& path) {
 
 // Load time and first-token latency of one way of reading the weights: Model::load, a context, the
 // first one-token step (which faults in whatever the load did not read) and a second one.
-json measure_load(const std::string& dir, WeightPlacement w, const std::string& image, int threads) {
+json measure_load(const std::string& dir, WeightPlacement w, const std::string& image, WeightQuant quant, int threads) {
   ModelParams mp;
   mp.weights = w;
   mp.packed_image = image;
+  mp.quant = quant;
   const auto t0 = Clock::now();
   auto model = Model::load(dir, mp);
   const double load_s = seconds_since(t0);
@@ -554,15 +558,17 @@ int bench(int argc, char** argv) {
     }
   } else if (!default_packed_image_path(dir).empty() && ::access(dir.c_str(), W_OK) != 0) {
     // A read-only checkpoint directory: the image goes to the cache.
-    default_image = (std::filesystem::path(o.cache) / std::filesystem::path(default_packed_image_path(dir)).filename()).string();
+    default_image = (std::filesystem::path(o.cache) / std::filesystem::path(default_packed_image_path(dir, o.quant)).filename()).string();
   }
-  const std::string image = !o.image_path.empty() ? o.image_path : default_image.empty() ? default_packed_image_path(dir) : default_image;
+  // The image of the measured format: the bf16 layout's, or the --quant's.
+  const std::string image =
+      !o.image_path.empty() ? o.image_path : default_image.empty() ? default_packed_image_path(dir, o.quant) : default_image;
   out["model_dir"] = dir;
   const bool wants_image = o.weights == WeightPlacement::image ||
                            std::find(o.load_modes.begin(), o.load_modes.end(), "image") != o.load_modes.end();
   if (wants_image && !image.empty()) {
     std::filesystem::create_directories(std::filesystem::path(image).parent_path());
-    out["pack_seconds"] = ensure_image(dir, image);
+    out["pack_seconds"] = ensure_image(dir, image, o.quant);
   }
 
   // 0. Load time and first-token latency per way of reading the weights (the page cache is warm
@@ -572,7 +578,8 @@ int bench(int argc, char** argv) {
     for (const auto& m : o.load_modes) {
       const WeightPlacement w = placement_named(m);
       if (w == WeightPlacement::image && image.empty()) continue;
-      json r = measure_load(dir, w, image, o.threads);
+      if (w == WeightPlacement::in_place && o.quant != WeightQuant::none) continue;  // quantised weights are never read in place
+      json r = measure_load(dir, w, image, o.quant, o.threads);
       r["mode"] = m;
       fmt::print("load {:<9} {:7.3f} s load + {:6.3f} s context, first token {:7.3f} s, second {:7.3f} s; RSS after load: "
                  "{:.0f} MiB anonymous\n",
@@ -585,7 +592,7 @@ int bench(int argc, char** argv) {
 
   ModelParams mparams;
   mparams.weights = o.weights;
-  mparams.packed_image = o.quant == WeightQuant::none || !o.image_path.empty() ? image : std::string();
+  mparams.packed_image = image;
   mparams.quant = o.quant;
   auto model = Model::load(dir, mparams);
   out["weights"] = weight_placement_name(model->weight_placement());
@@ -595,9 +602,13 @@ int bench(int argc, char** argv) {
   ThreadPool bw_pool(o.threads);
   const int threads = bw_pool.size();
   out["threads"] = threads;
-  out["kernel"] = cpu::linear_kernel_name();
+  // The projection kernel that runs: the bf16 one, or the block-quantised one under --quant.
+  const std::string kernel = o.quant == WeightQuant::none
+                                 ? std::string(cpu::linear_kernel_name())
+                                 : fmt::format("{} {}", weight_quant_name(o.quant), cpu::quant_kernel_name(cpu::quant_kernel()));
+  out["kernel"] = kernel;
   fmt::print("gdn bench: {} ({} layers, hidden {}, vocab {}), {} threads, kernel {}, weights {}\n", dir, cfg.num_layers,
-             cfg.hidden_size, cfg.vocab_size, threads, cpu::linear_kernel_name(),
+             cfg.hidden_size, cfg.vocab_size, threads, kernel,
              model->weight_placement() == WeightPlacement::packed
                  ? fmt::format("packed in the kernel's order at load ({:.0f} MB)", model->packed_bytes() / 1e6)
              : model->weight_placement() == WeightPlacement::image
