@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -234,6 +236,65 @@ TEST_CASE("quantised kernels: a fused call equals separate calls; zero and non-f
       }
       INFO(fmt::format("subnormal row, output {}: {} vs {}", n, z[static_cast<std::size_t>(128 + n)], ref));
       REQUIRE(std::fabs(z[static_cast<std::size_t>(128 + n)] - ref) <= 1e-3 * mag);
+    }
+  }
+}
+
+TEST_CASE("quantised activations: the parts follow the stated rule, block by block", "[quant]") {
+  // The rule of quant.hpp restated: s = max|x| / 127, u = x · (127 / max|x|) in float32,
+  // h = round(u), l = round((u − h) · 254), ties to even, both clamped to ±127; a block with a
+  // non-finite value has zero parts and a NaN scale. The process's own (SIMD) quantiser must give
+  // exactly these bytes for full blocks, partial blocks, outliers, ties, tiny and odd values.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const std::int64_t in = 32 * 9 + 7, rows = 5, stride = cpu::quant_activation_stride(in), kp = 32 * 10;
+  std::vector<float> x(static_cast<std::size_t>(rows * in));
+  for (auto& v : x) v = nd(rng);
+  x[3] = 50.0f;                                                   // an outlier
+  // Ties of h: with max|x| = 127 the multiplier is 1, so u = x = j − 15.5 exactly.
+  for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(32 + j)] = j == 0 ? -127.0f : static_cast<float>(j) - 15.5f;
+  for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(64 + j)] = 0.0f;                                      // all zero
+  for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(in + j)] = 1e-39f * nd(rng);  // 127 / max overflows
+  for (int j = 0; j < 32; ++j) x[static_cast<std::size_t>(in + 32 + j)] = 1e-30f * nd(rng);  // small, normal
+  x[static_cast<std::size_t>(2 * in + 70)] = std::numeric_limits<float>::quiet_NaN();
+  x[static_cast<std::size_t>(3 * in + 100)] = -std::numeric_limits<float>::infinity();
+  x[static_cast<std::size_t>(4 * in + 5)] = 3e38f;  // the largest finite range
+  std::vector<std::byte> buf(static_cast<std::size_t>(rows * stride) + 64);
+  cpu::quantize_activations(x.data(), in, 0, rows, in, buf.data());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::byte* p = buf.data() + r * stride;
+    for (std::int64_t b = 0; b < kp / 32; ++b) {
+      float v[32] = {};
+      for (std::int64_t j = 0; j < 32 && 32 * b + j < in; ++j) v[j] = x[static_cast<std::size_t>(r * in + 32 * b + j)];
+      float amax = 0.0f;
+      bool finite = true;
+      for (float e : v) {
+        finite = finite && std::isfinite(e);
+        amax = std::max(amax, std::fabs(e));
+      }
+      float scale;
+      std::memcpy(&scale, p + 2 * kp + 4 * b, 4);
+      std::int32_t sums[2];
+      std::memcpy(sums, p + 2 * kp + kp / 32 * 4 + 8 * b, 8);
+      INFO(fmt::format("row {} block {}", r, b));
+      if (!finite) {
+        REQUIRE(std::isnan(scale));
+      } else {
+        REQUIRE(scale == amax / 127.0f);
+      }
+      std::int32_t sh = 0, sl = 0;
+      for (int j = 0; j < 32; ++j) {
+        float u = 0.0f;
+        if (finite && amax > 0.0f) u = std::isinf(127.0f / amax) ? v[j] / amax * 127.0f : v[j] * (127.0f / amax);
+        const float h = std::clamp(std::nearbyint(u), -127.0f, 127.0f);
+        const float l = std::clamp(std::nearbyint((u - h) * 254.0f), -127.0f, 127.0f);
+        REQUIRE(static_cast<std::int8_t>(p[32 * b + j]) == static_cast<int>(h));
+        REQUIRE(static_cast<std::int8_t>(p[kp + 32 * b + j]) == static_cast<int>(l));
+        sh += static_cast<std::int32_t>(h);
+        sl += static_cast<std::int32_t>(l);
+      }
+      REQUIRE(sums[0] == sh);
+      REQUIRE(sums[1] == sl);
     }
   }
 }

@@ -241,6 +241,13 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
     const std::uint8_t* t = group + b * tb;
     __m512i H0[R], H1[R], L0[R], L1[R];
     for (int r = 0; r < R; ++r) H0[r] = H1[r] = L0[r] = L1[r] = _mm512_setzero_si512();
+    // q4 at one or two rows: the high nibbles' products in chains of their own, so the four
+    // dependent vpdpbusd chains of a block become eight of half the length (exact int32 sums, so
+    // the same result). More rows have independent chains already and no registers to spare.
+    constexpr bool split = F == QuantFormat::q4_0 && R <= 2;
+    [[maybe_unused]] __m512i H0b[R], H1b[R], L0b[R], L1b[R];
+    if constexpr (split)
+      for (int r = 0; r < R; ++r) H0b[r] = H1b[r] = L0b[r] = L1b[r] = _mm512_setzero_si512();
     if constexpr (F == QuantFormat::q8_0) {
       for (int g = 0; g < 8; ++g) {
         const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(t + g * 128), flip);
@@ -269,12 +276,30 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
           std::memcpy(&lb, a[r].lo + 32 * b + 16 + 4 * g, 4);
           const __m512i vha = _mm512_set1_epi32(ha), vhb = _mm512_set1_epi32(hb);
           const __m512i vla = _mm512_set1_epi32(la), vlb = _mm512_set1_epi32(lb);
-          H0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(H0[r], lo0, vha), hi0, vhb);
-          H1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(H1[r], lo1, vha), hi1, vhb);
-          L0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(L0[r], lo0, vla), hi0, vlb);
-          L1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(L1[r], lo1, vla), hi1, vlb);
+          if constexpr (split) {
+            H0[r] = _mm512_dpbusd_epi32(H0[r], lo0, vha);
+            H1[r] = _mm512_dpbusd_epi32(H1[r], lo1, vha);
+            L0[r] = _mm512_dpbusd_epi32(L0[r], lo0, vla);
+            L1[r] = _mm512_dpbusd_epi32(L1[r], lo1, vla);
+            H0b[r] = _mm512_dpbusd_epi32(H0b[r], hi0, vhb);
+            H1b[r] = _mm512_dpbusd_epi32(H1b[r], hi1, vhb);
+            L0b[r] = _mm512_dpbusd_epi32(L0b[r], hi0, vlb);
+            L1b[r] = _mm512_dpbusd_epi32(L1b[r], hi1, vlb);
+          } else {
+            H0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(H0[r], lo0, vha), hi0, vhb);
+            H1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(H1[r], lo1, vha), hi1, vhb);
+            L0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(L0[r], lo0, vla), hi0, vlb);
+            L1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(L1[r], lo1, vla), hi1, vlb);
+          }
         }
       }
+      if constexpr (split)
+        for (int r = 0; r < R; ++r) {
+          H0[r] = _mm512_add_epi32(H0[r], H0b[r]);
+          H1[r] = _mm512_add_epi32(H1[r], H1b[r]);
+          L0[r] = _mm512_add_epi32(L0[r], L0b[r]);
+          L1[r] = _mm512_add_epi32(L1[r], L1b[r]);
+        }
     }
     const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib)));
     const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib + 32)));
@@ -445,9 +470,104 @@ std::int64_t quant_activation_stride(std::int64_t in) noexcept {
   return round_up(2 * kp + kp / 32 * 12, 64);
 }
 
+namespace {
+
+// One block of 32 activations (zero-padded past the row's end) into its parts: see quant.hpp.
+void quantize_block_scalar(const float* v, std::int8_t* hi, std::int8_t* lo, float* scale, std::int32_t* sums) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int j = 0; j < 32; ++j) {
+    finite = finite && std::isfinite(v[j]);
+    amax = std::max(amax, std::fabs(v[j]));
+  }
+  // A non-finite activation has no int8 form: its block's parts are zero and its scale NaN, so
+  // the row's outputs are NaN (as the float kernels' would be), never garbage integers. A block
+  // so small that 127 / amax overflows (amax < 3.7e-37) is scaled by division instead.
+  const bool usable = finite && amax > 0.0f;
+  const float inv = usable ? 127.0f / amax : 0.0f;
+  const bool by_division = usable && std::isinf(inv);
+  std::int32_t sh = 0, sl = 0;
+  for (int j = 0; j < 32; ++j) {
+    const float u = !usable ? 0.0f : by_division ? v[j] / amax * 127.0f : v[j] * inv;
+    const float h = std::clamp(round_even(u), -127.0f, 127.0f);
+    const float l = std::clamp(round_even((u - h) * 254.0f), -127.0f, 127.0f);
+    hi[j] = static_cast<std::int8_t>(h);
+    lo[j] = static_cast<std::int8_t>(l);
+    sh += static_cast<std::int32_t>(h);
+    sl += static_cast<std::int32_t>(l);
+  }
+  *scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+  sums[0] = sh;
+  sums[1] = sl;
+}
+
+#if GDN_X86
+// 32 int32 in [-127, 127] (4 ymm) → 32 int8 in order: the packs interleave 128-bit halves, which
+// the permute undoes.
+GDN_T_AVX2Q inline __m256i pack_int8_avx2(const __m256i* q) {
+  const __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
+  return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+GDN_T_AVX2Q inline std::int32_t sum_int32_avx2(const __m256i* q) {
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+  return _mm_cvtsi128_si32(t);
+}
+
+// The same operations on 32 lanes (4 ymm), for full blocks of finite values whose 127 / amax is
+// finite; any other block goes to the scalar code. Each lane's float operations are those of the
+// scalar loop (a multiply, a round to nearest even, a subtract, a multiply, a round, clamps), so
+// the parts are bit-identical. Without it, quantising a 1024-wide batch-1 row took 6 µs on the
+// calling thread while the workers waited: about 5% of a q4_0 decode step of the 0.8B shape.
+GDN_T_AVX2Q bool quantize_block_avx2(const float* v, std::int8_t* hi, std::int8_t* lo, float* scale, std::int32_t* sums) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  __m256 x[4], m = _mm256_setzero_ps();
+  __m256i nonfinite = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_loadu_ps(v + 8 * i);
+    const __m256i bits = _mm256_and_si256(_mm256_castps_si256(x[i]), exp_mask);
+    nonfinite = _mm256_or_si256(nonfinite, _mm256_cmpeq_epi32(bits, exp_mask));
+    m = _mm256_max_ps(m, _mm256_and_ps(x[i], abs_mask));
+  }
+  if (!_mm256_testz_si256(nonfinite, nonfinite)) return false;
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float amax = _mm_cvtss_f32(m4);
+  const float inv = 127.0f / amax;
+  if (!(amax > 0.0f) || std::isinf(inv)) return false;
+  constexpr int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m256 vinv = _mm256_set1_ps(inv), k254 = _mm256_set1_ps(254.0f);
+  const __m256 lo_clamp = _mm256_set1_ps(-127.0f), hi_clamp = _mm256_set1_ps(127.0f);
+  __m256i h32[4], l32[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 u = _mm256_mul_ps(x[i], vinv);
+    const __m256 h = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(u, nearest), lo_clamp), hi_clamp);
+    const __m256 l = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(u, h), k254), nearest),
+                                                 lo_clamp), hi_clamp);
+    h32[i] = _mm256_cvtps_epi32(h);  // integers already: the conversion is exact
+    l32[i] = _mm256_cvtps_epi32(l);
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), pack_int8_avx2(h32));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), pack_int8_avx2(l32));
+  *scale = amax / 127.0f;
+  sums[0] = sum_int32_avx2(h32);
+  sums[1] = sum_int32_avx2(l32);
+  return true;
+}
+#endif
+
+}  // namespace
+
 void quantize_activations(const float* x, std::int64_t ldx, std::int64_t r0, std::int64_t r1, std::int64_t in,
                           std::byte* buf) noexcept {
   const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32), stride = quant_activation_stride(in);
+#if GDN_X86
+  static const bool simd = quant_kernel() != QuantKernel::scalar;
+#endif
   for (std::int64_t r = r0; r < r1; ++r) {
     std::byte* p = buf + r * stride;
     auto* hi = reinterpret_cast<std::int8_t*>(p);
@@ -456,34 +576,13 @@ void quantize_activations(const float* x, std::int64_t ldx, std::int64_t r0, std
     auto* sums = reinterpret_cast<std::int32_t*>(p + 2 * kp + kp / 32 * 4);
     const float* xr = x + r * ldx;
     for (std::int64_t b = 0; b < kp / 32; ++b) {
-      float v[32] = {};
       const std::int64_t n = std::min<std::int64_t>(32, in - 32 * b);
+#if GDN_X86
+      if (simd && n == 32 && quantize_block_avx2(xr + 32 * b, hi + 32 * b, lo + 32 * b, scale + b, sums + 2 * b)) continue;
+#endif
+      float v[32] = {};
       for (std::int64_t j = 0; j < n; ++j) v[j] = xr[32 * b + j];
-      float amax = 0.0f;
-      bool finite = true;
-      for (float e : v) {
-        finite = finite && std::isfinite(e);
-        amax = std::max(amax, std::fabs(e));
-      }
-      // A non-finite activation has no int8 form: its block's parts are zero and its scale NaN, so
-      // the row's outputs are NaN (as the float kernels' would be), never garbage integers. A block
-      // so small that 127 / amax overflows (amax < 3.7e-37) is scaled by division instead.
-      const bool usable = finite && amax > 0.0f;
-      const float inv = usable ? 127.0f / amax : 0.0f;
-      const bool by_division = usable && std::isinf(inv);
-      std::int32_t sh = 0, sl = 0;
-      for (int j = 0; j < 32; ++j) {
-        const float u = !usable ? 0.0f : by_division ? v[j] / amax * 127.0f : v[j] * inv;
-        const float h = std::clamp(round_even(u), -127.0f, 127.0f);
-        const float l = std::clamp(round_even((u - h) * 254.0f), -127.0f, 127.0f);
-        hi[32 * b + j] = static_cast<std::int8_t>(h);
-        lo[32 * b + j] = static_cast<std::int8_t>(l);
-        sh += static_cast<std::int32_t>(h);
-        sl += static_cast<std::int32_t>(l);
-      }
-      scale[b] = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      sums[2 * b] = sh;
-      sums[2 * b + 1] = sl;
+      quantize_block_scalar(v, hi + 32 * b, lo + 32 * b, scale + b, sums + 2 * b);
     }
   }
 }
