@@ -11,6 +11,7 @@
 #include <limits>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/linear.hpp"
@@ -150,11 +151,13 @@ TEST_CASE("quantised kernels: accurate against float64, bit-identical across ker
   ThreadPool pool(2);
   cpu::LinearWorkspace ws;
   for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
-    for (auto [out, in] : {std::pair<std::int64_t, std::int64_t>{96, 64}, {70, 100}, {33, 1024}, {256, 32}, {5, 7}}) {
+    // 9 and 37 rows: on an AMX-INT8 CPU the batched calls take the tile path (one partial chunk of
+    // 16 rows; two full chunks and a partial one) and the single rows the VNNI one.
+    for (auto [out, in, rows] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{96, 64, 9}, {70, 100, 37}, {33, 1024, 9},
+                                 {256, 32, 37}, {5, 7, 9}}) {
       const Weight W(out, in, rng);
       const Image img(layout, W.view);
       const auto f = format_of(layout);
-      const std::int64_t rows = 9;
       std::normal_distribution<float> nd(0.0f, 1.0f);
       std::vector<float> x(static_cast<std::size_t>(rows * in));
       for (auto& v : x) v = nd(rng);

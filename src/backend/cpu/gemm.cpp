@@ -60,12 +60,6 @@ constexpr int split_parts = 3;
 // by GDN_CPU_KERNEL. Never the shape of a call.
 
 #if GDN_X86
-bool amx_permitted() {
-  // Linux keeps AMX tile state off until a process asks for it (ARCH_REQ_XCOMP_PERM, XTILEDATA).
-  constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
-  return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
-}
-
 // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE. Asked directly because older compilers
 // (clang 14) do not know these names in __builtin_cpu_supports.
 bool cpu_has_amx_bf16() {
@@ -84,7 +78,7 @@ LinearKernel detect_kernel() {
       __builtin_cpu_supports("avx512dq"))
     best = LinearKernel::avx512;
   if (best == LinearKernel::avx512 && __builtin_cpu_supports("avx512bf16")) best = LinearKernel::avx512bf16;
-  if (best == LinearKernel::avx512bf16 && cpu_has_amx_bf16() && amx_permitted())
+  if (best == LinearKernel::avx512bf16 && cpu_has_amx_bf16() && detail::amx_permitted())
     best = LinearKernel::amx;
 #endif
   if (const char* env = std::getenv("GDN_CPU_KERNEL")) {
@@ -303,14 +297,6 @@ GDN_T_BF16 inline void split32(const float* x, std::int64_t valid, __m512i out[s
 // missing rows are columns never read).
 
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 // Tiles: C(group g, half h) = 2g + h, A(half) = 4, 5, B(group) = 6, 7. `cols0` and `cols1` are
 // the C/B columns of the two groups multiplied together (3 per activation row; cols1 = 0: one
 // group). Loaded afresh (`force`) the first time a thread runs a range in each linear_multi call:
@@ -320,7 +306,7 @@ GDN_T_AMX void amx_configure(int cols0, int cols1, bool force) {
   thread_local int configured = -1;
   const int key = cols0 * 64 + cols1;
   if (configured == key && !force) return;
-  TileConfig c;
+  detail::TileConfig c;
   const int cols[2] = {cols0, cols1};
   for (int g = 0; g < 2; ++g) {
     const auto rows = static_cast<std::uint8_t>(cols[g] > 0 ? 16 : 0);
@@ -514,6 +500,14 @@ const std::uint16_t* part_image(LinearKernel k, const LinearPart& p) {
 }
 
 }  // namespace
+
+#if GDN_X86
+bool detail::amx_permitted() noexcept {
+  // Linux keeps AMX tile state off until a process asks for it (ARCH_REQ_XCOMP_PERM, XTILEDATA).
+  constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+  return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+}
+#endif
 
 LinearKernel linear_kernel() noexcept {
   static const LinearKernel k = detect_kernel();

@@ -18,6 +18,19 @@
 
 namespace gdn::cpu::detail {
 
+#if GDN_X86
+// AMX: whether the OS gives this process the tile data state (asked for once per call; Linux
+// grants it per process), and the tile configuration ldtilecfg takes (palette 1).
+bool amx_permitted() noexcept;
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+#endif
+
 // Output rows per block of a panel image (two 16-row panels; see cpu_gemm_panel.cpp).
 constexpr std::int64_t panel_block_rows = 32;
 

@@ -39,7 +39,8 @@
 namespace gdn::cpu {
 
 enum class QuantFormat { q8_0, q4_0 };
-enum class QuantKernel { scalar, avx2, avx512vnni };
+// amx_int8: AVX-512 VNNI below 4 activation rows, AMX-INT8 tiles from 4 (bit-identical: exact sums).
+enum class QuantKernel { scalar, avx2, avx512vnni, amx_int8 };
 
 constexpr std::int64_t quant_block = 32;  // weights per block (input columns), and rows per group
 
