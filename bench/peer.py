@@ -34,6 +34,8 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--batches", default="1,2,4,8,16,32")
     ap.add_argument("--contexts", default="")
+    ap.add_argument("--quant", choices=["Q8_0", "Q4_0", "Q4_K_M"],
+                    help="quantise the bf16 GGUF with llama.cpp's own llama_model_quantize (cached beside it)")
     args = ap.parse_args()
 
     gguf_path = args.gguf or os.path.join(args.model, "model-bf16.gguf")
@@ -45,6 +47,20 @@ def main():
     import llama_cpp as L
 
     L.llama_backend_init()
+    if args.quant:
+        # llama.cpp's quantiser on the same bf16 GGUF: what a llama.cpp user runs at these bits.
+        ftype = {"Q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_0": L.LLAMA_FTYPE_MOSTLY_Q4_0,
+                 "Q4_K_M": L.LLAMA_FTYPE_MOSTLY_Q4_K_M}[args.quant]
+        qpath = gguf_path.replace("-bf16.gguf", "") + f"-{args.quant.lower()}.gguf"
+        if not os.path.exists(qpath):
+            print(f"quantising {gguf_path} to {qpath} ...", file=sys.stderr)
+            qp = L.llama_model_quantize_default_params()
+            qp.ftype = ftype
+            qp.nthread = args.threads
+            if L.llama_model_quantize(gguf_path.encode(), (qpath + ".tmp").encode(), qp) != 0:
+                sys.exit("llama.cpp could not quantise " + gguf_path)
+            os.rename(qpath + ".tmp", qpath)
+        gguf_path = qpath
     mp = L.llama_model_default_params()
     mp.use_mmap = True
     model = L.llama_model_load_from_file(gguf_path.encode(), mp)
