@@ -8,6 +8,10 @@ measures with the same thread count and token counts as gdn bench:
   - aggregate decode tokens/s at each --batches size (each sequence after a 64-token prompt);
   - optionally decode at each --contexts length;
   - peak RSS of this process.
+With --quant it first quantises the bf16 GGUF with llama.cpp's own llama_model_quantize (Q8_0,
+Q4_0 or Q4_K_M, cached beside it). PEER_NO_EXTRA_BUFTS=1 loads without llama.cpp's extra weight
+buffer types (its AMX and interleaved repacks): llama-cpp-python 0.3.36 built with GGML_NATIVE on an
+AMX host segfaults at the first decode of a quantised qwen35 model with them.
 Prints one JSON object as its last line. It calls llama.cpp's C API directly (llama_decode on a
 llama_batch), so no Python-side sampling or logits copies are timed.
 """
@@ -63,6 +67,8 @@ def main():
         gguf_path = qpath
     mp = L.llama_model_default_params()
     mp.use_mmap = True
+    if os.environ.get("PEER_NO_EXTRA_BUFTS"):
+        mp.use_extra_bufts = False  # no repacked (AMX / interleaved) weight buffers
     model = L.llama_model_load_from_file(gguf_path.encode(), mp)
     if not model:
         sys.exit("llama.cpp could not load " + gguf_path)
