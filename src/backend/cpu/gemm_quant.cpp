@@ -238,8 +238,14 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
   const __m512 c = _mm512_set1_ps(low_part_weight);
+  // The weight stream is prefetched 2 KiB ahead into L1 (a range is one sequential stream, so
+  // this runs on into the next group; a prefetch never faults): batch-1 decode of the 0.8B shape
+  // went from 75% to 83% of the roofline at q8_0 and from 64% to 68% at q4_0; 8 KiB and more
+  // ahead measured slower than none.
+  constexpr std::int64_t prefetch_ahead = 2048;
   for (std::int64_t b = 0; b < kb; ++b) {
     const std::uint8_t* t = group + b * tb;
+    for (std::int64_t o = 0; o < tb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(t + prefetch_ahead + o), _MM_HINT_T0);
     __m512i H0[R], H1[R], L0[R], L1[R];
     for (int r = 0; r < R; ++r) H0[r] = H1[r] = L0[r] = L1[r] = _mm512_setzero_si512();
     // q4 at one or two rows: the high nibbles' products in chains of their own, so the four
