@@ -19,8 +19,8 @@
 namespace gdn::cpu::detail {
 
 #if GDN_X86
-// AMX: whether the OS gives this process the tile data state (asked for once per call; Linux
-// grants it per process), and the tile configuration ldtilecfg takes (palette 1).
+// AMX: whether the OS gives this process the tile data state (each call asks again; Linux grants
+// it per process, so callers cache the answer), and the tile configuration ldtilecfg takes.
 bool amx_permitted() noexcept;
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;

@@ -229,6 +229,14 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
 // ------------------------------------------------------------------------------------------------
 // AVX-512 VNNI: R activation rows at a time over a group's tiles, 16 rows of the group per zmm.
 
+// The shared epilogue of one block (quant.hpp) for 16 output lanes: exact sums H and L (the zero
+// point already taken off), the activation scale s and the weight scales d. Every AVX-512 path
+// (VNNI, AMX-INT8) calls this, so their results are the same bits by construction.
+GDN_T_VNNI inline __m512 block_step16(__m512i H, __m512i L, __m512 s, __m512 d, __m512 acc) {
+  const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), _mm512_set1_ps(low_part_weight), _mm512_cvtepi32_ps(H));
+  return _mm512_fmadd_ps(d, _mm512_mul_ps(t, s), acc);
+}
+
 template <QuantFormat F, int R>
 GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActRow* a, float* y, std::int64_t ldy,
                           std::int64_t valid) {
@@ -237,7 +245,6 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
   __m512 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
-  const __m512 c = _mm512_set1_ps(low_part_weight);
   // The weight stream is prefetched 2 KiB ahead into L1 (a range is one sequential stream, so
   // this runs on into the next group; a prefetch never faults): batch-1 decode of the 0.8B shape
   // went from 75% to 83% of the roofline at q8_0 and from 64% to 68% at q4_0; 8 KiB and more
@@ -314,12 +321,8 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
       const __m512i zh = _mm512_set1_epi32(zero_point * a[r].sums[2 * b]);
       const __m512i zl = _mm512_set1_epi32(zero_point * a[r].sums[2 * b + 1]);
       const __m512 s = _mm512_set1_ps(a[r].scale[b]);
-      const __m512 t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(L0[r], zl)), c,
-                                        _mm512_cvtepi32_ps(_mm512_sub_epi32(H0[r], zh)));
-      const __m512 t1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(L1[r], zl)), c,
-                                        _mm512_cvtepi32_ps(_mm512_sub_epi32(H1[r], zh)));
-      acc0[r] = _mm512_fmadd_ps(d0, _mm512_mul_ps(t0, s), acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(d1, _mm512_mul_ps(t1, s), acc1[r]);
+      acc0[r] = block_step16(_mm512_sub_epi32(H0[r], zh), _mm512_sub_epi32(L0[r], zl), s, d0, acc0[r]);
+      acc1[r] = block_step16(_mm512_sub_epi32(H1[r], zh), _mm512_sub_epi32(L1[r], zl), s, d1, acc1[r]);
     }
   }
   const std::int64_t v0 = std::clamp<std::int64_t>(valid, 0, 16), v1 = std::clamp<std::int64_t>(valid - 16, 0, 16);
@@ -397,7 +400,6 @@ template <QuantFormat F>
 GDN_T_AMXQ inline void amx_int8_epilogue(const std::uint8_t* t, const std::int32_t (*sb)[16][16], const ActRow* a, int m,
                                          std::int64_t b, float (*acc)[32]) {
   constexpr std::int64_t ib = F == QuantFormat::q8_0 ? 1024 : 512;
-  const __m512 c = _mm512_set1_ps(low_part_weight);
   const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib)));
   const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib + 32)));
   for (int r = 0; r < m; ++r) {
@@ -411,10 +413,8 @@ GDN_T_AMXQ inline void amx_int8_epilogue(const std::uint8_t* t, const std::int32
       L1 = _mm512_sub_epi32(L1, zl);
     }
     const __m512 s = _mm512_set1_ps(a[r].scale[b]);
-    const __m512 t0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L0), c, _mm512_cvtepi32_ps(H0));
-    const __m512 t1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L1), c, _mm512_cvtepi32_ps(H1));
-    _mm512_store_ps(acc[r], _mm512_fmadd_ps(d0, _mm512_mul_ps(t0, s), _mm512_load_ps(acc[r])));
-    _mm512_store_ps(acc[r] + 16, _mm512_fmadd_ps(d1, _mm512_mul_ps(t1, s), _mm512_load_ps(acc[r] + 16)));
+    _mm512_store_ps(acc[r], block_step16(H0, L0, s, d0, _mm512_load_ps(acc[r])));
+    _mm512_store_ps(acc[r] + 16, block_step16(H1, L1, s, d1, _mm512_load_ps(acc[r] + 16)));
   }
 }
 
@@ -516,14 +516,11 @@ bool cpu_has_avx2_fma_f16c() {
 
 QuantKernel detect_quant_kernel() {
   QuantKernel best = QuantKernel::scalar;
-#if GDN_X86
-  __builtin_cpu_init();
-  if (cpu_has_avx2_fma_f16c()) best = QuantKernel::avx2;
-  if (best == QuantKernel::avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
-    best = QuantKernel::avx512vnni;
-  if (best == QuantKernel::avx512vnni && cpu_has_amx_int8() && detail::amx_permitted()) best = QuantKernel::amx_int8;
-#endif
+  for (QuantKernel k : {QuantKernel::amx_int8, QuantKernel::avx512vnni, QuantKernel::avx2})
+    if (quant_kernel_supported(k)) {
+      best = k;
+      break;
+    }
   // GDN_CPU_KERNEL lowers the choice as it lowers the bf16 kernel's: below amx, no tiles.
   if (const char* env = std::getenv("GDN_CPU_KERNEL")) {
     const std::string_view e = env;
@@ -553,6 +550,7 @@ const char* quant_kernel_name(QuantKernel k) noexcept {
 bool quant_kernel_supported(QuantKernel k) noexcept {
   if (k == QuantKernel::scalar) return true;
 #if GDN_X86
+  __builtin_cpu_init();
   const bool avx2 = cpu_has_avx2_fma_f16c();
   if (k == QuantKernel::avx2) return avx2;
   const bool vnni = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
