@@ -500,6 +500,7 @@ class CudaBackend final : public BackendInterface {
     check(rt::stream_create(&stream_), "creating a stream");
     if (gemm_.init() != 0) throw Error(Status::internal, "CUDA backend: cuBLASLt initialisation failed");
     layout_.state_dtype = DType::f32;
+    layout_.kv_dtype = DType::bf16;
     layout_.gdn_layers = gdn_layers_;
     layout_.conv_floats = conv_per_layer_;
     layout_.recurrent_elements = rec_per_layer_;

@@ -237,6 +237,7 @@ MemoryPlan plan_memory(const ModelInfo& info, const ContextParams& p, const Mode
   plan.max_sequences = p.max_sequences;
   plan.max_context = p.max_context;
   plan.state_dtype = p.state_dtype.value_or(c.ssm_state_dtype);
+  plan.kv_dtype = p.kv_dtype.value_or(default_kv_dtype(p.backend));
   plan.memory = system_memory();
   const bool has_mtp = info.checkpoint.has_mtp;
   const bool has_kv = c.count_layers(LayerKind::full_attention) > 0 || has_mtp;
@@ -287,6 +288,7 @@ MemoryPlan plan_memory(const ModelInfo& info, const ContextParams& p, const Mode
   b.max_pass_rows = p.max_batch_tokens;
   b.max_output_rows = static_cast<int>(std::min<std::int64_t>(out_rows, p.max_batch_tokens));
   b.state_dtype = plan.state_dtype;
+  b.kv_dtype = plan.kv_dtype;
   b.matmul_input = p.matmul_input;
   b.threads = p.threads;
   b.max_rollback_tokens = p.max_rollback_tokens;
@@ -334,7 +336,7 @@ std::string MemoryPlan::to_text() const {
   }
   line("GDN state", fmt::format("{} per sequence: recurrent {} ({}), conv {}", mb(gdn_recurrent_bytes_per_sequence + gdn_conv_bytes_per_sequence),
                                 mb(gdn_recurrent_bytes_per_sequence), dtype_name(state_dtype), mb(gdn_conv_bytes_per_sequence)));
-  line("KV cache", fmt::format("{} per token; {} pages of {} = {}", mb(kv_bytes_per_token), kv_pages, kv_page_size, mb(kv_bytes)));
+  line("KV cache", fmt::format("{} per token ({}); {} pages of {} = {}", mb(kv_bytes_per_token), dtype_name(kv_dtype), kv_pages, kv_page_size, mb(kv_bytes)));
   line("rollback log", rollback_bytes_per_sequence > 0 ? fmt::format("{} per sequence", mb(rollback_bytes_per_sequence))
                                                        : std::string("none (max_rollback_tokens 0)"));
   line("work buffers", mb(scratch_bytes));
@@ -372,6 +374,7 @@ std::string MemoryPlan::to_json(int indent) const {
                             {"device_weight_bytes", device_weight_bytes},
                             {"gdn_recurrent_bytes_per_sequence", gdn_recurrent_bytes_per_sequence},
                             {"gdn_conv_bytes_per_sequence", gdn_conv_bytes_per_sequence},
+                            {"kv_dtype", std::string(dtype_name(kv_dtype))},
                             {"kv_bytes_per_token", kv_bytes_per_token},
                             {"kv_pages", kv_pages},
                             {"kv_page_size", kv_page_size},

@@ -56,6 +56,7 @@ std::string encode_state_file(StateFileHeader h, std::span<const std::byte> conv
     h.kv = {h.recurrent.offset + h.recurrent.bytes, kv.size()};
     j = {{"fingerprint", h.fingerprint},
          {"state_dtype", std::string(dtype_name(h.state_dtype))},
+         {"kv_dtype", std::string(dtype_name(h.kv_dtype))},
          {"length", h.length},
          {"mtp_length", h.mtp_length},
          {"gdn_layers", h.gdn_layers},
@@ -117,6 +118,13 @@ StateFileHeader parse_state_file(std::span<const std::byte> file, std::string_vi
   if (dt == "F32") h.state_dtype = DType::f32;
   else if (dt == "BF16") h.state_dtype = DType::bf16;
   else bad(what, fmt::format("state_dtype '{}' is not F32 or BF16", dt));
+  if (j.contains("kv_dtype")) {
+    if (!j["kv_dtype"].is_string()) bad(what, "header field 'kv_dtype' is not a string");
+    const std::string kd = j["kv_dtype"].get<std::string>();
+    if (kd == "F32") h.kv_dtype = DType::f32;
+    else if (kd == "BF16") h.kv_dtype = DType::bf16;
+    else bad(what, fmt::format("kv_dtype '{}' is not F32 or BF16", kd));
+  }
   h.length = integer("length");
   h.mtp_length = integer("mtp_length");
   h.gdn_layers = integer("gdn_layers");

@@ -24,6 +24,7 @@
 
 #include "gdn/core/dtype.hpp"
 #include "gdn/core/matmul_input.hpp"
+#include "gdn/model/model.hpp"
 #include "gdn/runtime/batch.hpp"
 
 namespace gdn {
@@ -71,6 +72,9 @@ class StateCopy {
   virtual ~StateCopy() = default;
 };
 
+// A context's KV dtype when ContextParams::kv_dtype is unset: each backend's own.
+inline DType default_kv_dtype(Backend b) noexcept { return b == Backend::cuda ? DType::bf16 : DType::f32; }
+
 // What a backend needs from the context parameters (validated by the engine).
 struct BackendParams {
   int slots = 0;                 // max_sequences
@@ -80,6 +84,7 @@ struct BackendParams {
   int max_pass_rows = 0;         // max_batch_tokens
   int max_output_rows = 0;       // outputs one pass can ask for (≤ max_pass_rows)
   DType state_dtype = DType::f32;
+  DType kv_dtype = DType::f32;   // the KV cache's element type (the CPU: F32 or BF16; CUDA: BF16)
   MatmulInput matmul_input = MatmulInput::float32;
   int threads = 0;
   int gdn_chunk_min_tokens = 16;
@@ -94,6 +99,7 @@ struct BackendParams {
 // The numbers a state file and the engine's accounting need, identical for every backend.
 struct StateLayout {
   DType state_dtype = DType::f32;
+  DType kv_dtype = DType::f32;          // how the backend holds KV; pages cross the interface as float32
   std::int64_t gdn_layers = 0;
   std::int64_t conv_floats = 0;         // per GDN layer: (kernel − 1) × conv_dim
   std::int64_t recurrent_elements = 0;  // per GDN layer: Hv × dk × dv
@@ -105,6 +111,7 @@ struct StateLayout {
     return gdn_layers * recurrent_elements * static_cast<std::int64_t>(dtype_size(state_dtype));
   }
   // floats of one KV page in the backend-neutral layout [layer][key|value][kv_head][row][head_dim]
+  // (the values a kv_dtype store holds, exactly, as float32)
   std::int64_t kv_page_floats() const noexcept { return kv_layers * 2 * kv_dim * page_size; }
 };
 

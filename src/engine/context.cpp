@@ -22,6 +22,7 @@ BackendParams backend_params(const ModelConfig& c, const ContextParams& p, const
   b.max_pass_rows = p.max_batch_tokens;
   b.max_output_rows = static_cast<int>(std::min<std::int64_t>(output_rows, p.max_batch_tokens));
   b.state_dtype = p.state_dtype.value_or(c.ssm_state_dtype);
+  b.kv_dtype = p.kv_dtype.value_or(default_kv_dtype(p.backend));
   b.matmul_input = p.matmul_input;
   b.threads = p.threads;
   b.gdn_chunk_min_tokens = p.gdn_chunk_min_tokens;
@@ -59,6 +60,12 @@ Context::Impl::Impl(std::shared_ptr<const Model> m, const ContextParams& params,
   const DType sd = p.state_dtype.value_or(c.ssm_state_dtype);
   if (sd != DType::f32 && sd != DType::bf16)
     throw Error(Status::invalid_argument, fmt::format("state_dtype must be F32 or BF16, got {}", dtype_name(sd)));
+  const DType kd = p.kv_dtype.value_or(default_kv_dtype(p.backend));
+  if (kd != DType::f32 && kd != DType::bf16)
+    throw Error(Status::invalid_argument, fmt::format("kv_dtype must be F32 or BF16, got {}", dtype_name(kd)));
+  if (p.backend == Backend::cuda && kd != DType::bf16)
+    throw Error(Status::invalid_argument,
+                fmt::format("kv_dtype {}: the CUDA backend keeps its KV cache in BF16 only (F32 KV is the CPU's)", dtype_name(kd)));
 
   const std::int64_t pages_per_seq = ceil_div(p.max_context, p.kv_page_size);
   const std::int64_t n_pages = p.kv_pages > 0 ? p.kv_pages : pages_per_seq * p.max_sequences;

@@ -116,6 +116,7 @@ void Context::save_sequence(SeqId seq, const std::string& path) const {
   StateFileHeader h;
   h.fingerprint = model_fingerprint(*m.model);
   h.state_dtype = l.state_dtype;
+  h.kv_dtype = l.kv_dtype;
   h.length = sl.length;
   h.mtp_length = sl.mtp_length;
   h.gdn_layers = l.gdn_layers;
@@ -174,6 +175,10 @@ SeqId Context::load_sequence(const std::string& path) {
   if (h.fingerprint != model_fingerprint(*m.model)) mismatch("it was saved from a different model");
   if (h.state_dtype != l.state_dtype)
     mismatch(fmt::format("its state dtype is {}, the context's is {}", dtype_name(h.state_dtype), dtype_name(l.state_dtype)));
+  // A cached KV written at bf16 continues exactly only in a bf16 cache, and a float32 one would be
+  // rounded: either way the continuation would match neither cold run.
+  if (h.kv_layers > 0 && h.kv_dtype != l.kv_dtype)
+    mismatch(fmt::format("its KV cache dtype is {}, the context's is {}", dtype_name(h.kv_dtype), dtype_name(l.kv_dtype)));
   if (h.gdn_layers != l.gdn_layers || h.conv_floats != l.conv_floats || h.recurrent_elements != l.recurrent_elements ||
       h.kv_layers != l.kv_layers || h.kv_dim != l.kv_dim)
     mismatch("its shapes differ");

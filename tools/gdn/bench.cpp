@@ -1,7 +1,7 @@
 // gdn bench: CPU speed against the memory-bandwidth limit, and against llama.cpp, in one run.
 //
 //   gdn bench [--model DIR | --shape 0.8b|2b] [--cache DIR] [--threads N] [--runs N]
-//             [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]
+//             [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...] [--kv-dtypes f32,bf16]
 //             [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]
 //
 // Without --model it generates (once, cached under --cache, default build/bench-models/) a
@@ -238,6 +238,7 @@ struct Options {
   int prompt_tokens = 512;
   std::vector<int> batches = {1, 2, 4, 8, 16, 32};
   std::vector<int> contexts = {512, 4096, 16384};
+  std::vector<DType> kv_dtypes = {DType::f32};  // --kv-dtypes f32,bf16: the context section per KV dtype
   std::int64_t stream_bytes = std::int64_t{2} << 30;
   std::string json_out;
   std::string peer_python;
@@ -253,6 +254,20 @@ struct Options {
   bool quick = false;
   bool bf16_inputs = true;  // also measure MatmulInput::bf16 (batch 1, batch scaling, the rounds)
 };
+
+std::vector<DType> parse_kv_dtypes(const std::string& list) {
+  std::vector<DType> out;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string v = list.substr(at, end - at);
+    if (v == "f32") out.push_back(DType::f32);
+    else if (v == "bf16") out.push_back(DType::bf16);
+    else throw Error(Status::invalid_argument, fmt::format("--kv-dtypes: '{}' is not f32 or bf16", v));
+    at = end + 1;
+  }
+  return out;
+}
 
 std::vector<Token> random_tokens(std::size_t n, int vocab, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -441,7 +456,7 @@ json measure_load(const std::string& dir, WeightPlacement w, const std::string& 
 int usage() {
   std::fputs(
       "usage: gdn bench [--model DIR | --shape 0.8b|2b|27b] [--cache DIR] [--threads N] [--runs N]\n"
-      "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...]\n"
+      "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...] [--kv-dtypes f32,bf16]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
       "                 [--peer-args 'ARGS'] [--rounds N] [--weights auto|pack|image|in-place] [--in-place]\n"
       "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N] [--quant q8_0|q4_0]\n"
@@ -486,6 +501,7 @@ int bench(int argc, char** argv) {
     else if (a == "--prompt-tokens" && v) o.prompt_tokens = std::max(1, std::atoi(argv[++i]));
     else if (a == "--batches" && v) { o.batches = parse_ints(argv[++i]); batches_set = true; }
     else if (a == "--contexts" && v) { o.contexts = parse_ints(argv[++i]); contexts_set = true; }
+    else if (a == "--kv-dtypes" && v) o.kv_dtypes = parse_kv_dtypes(argv[++i]);
     else if (a == "--stream-mib" && v) o.stream_bytes = std::int64_t{std::atoi(argv[++i])} << 20;
     else if (a == "--json" && v) o.json_out = argv[++i];
     else if (a == "--peer-python" && v) o.peer_python = argv[++i];
@@ -710,34 +726,56 @@ int bench(int argc, char** argv) {
     section(mi)["batch_decode"] = rows;
   }
 
-  // 4. Decode cost against context length.
+  // 4. Decode cost against context length, per KV dtype. The attention read grows with the
+  // context: "extra" is the time per token beyond the shortest context's, against the added KV
+  // bytes read per token over the bandwidth probed around the run (1.0: the KV streams at
+  // bandwidth).
   if (!o.contexts.empty()) {
     const int maxc = *std::max_element(o.contexts.begin(), o.contexts.end());
-    ContextParams p;
-    p.max_sequences = 1;
-    p.max_context = maxc + N * (o.runs + 1) + 8;
-    p.max_batch_tokens = 512;
-    p.threads = o.threads;
-    Context ctx(model, p);
-    const SeqId s = ctx.create_sequence();
-    Batch batch;
-    batch.reserve(4, static_cast<std::size_t>(maxc));
-    const SeqId seqs[1] = {s};
+    const int minc = *std::min_element(o.contexts.begin(), o.contexts.end());
     json rows = json::array();
-    for (const int L : o.contexts) {
-      const auto toks = random_tokens(static_cast<std::size_t>(L), cfg.vocab_size, 2);
-      ctx.reset_sequence(s);
-      const auto t0 = Clock::now();
-      prefill(ctx, s, toks, batch);
-      const double tp = seconds_since(t0);
-      std::vector<double> dec;
-      for (int r = 0; r < o.runs; ++r) {
-        dec.push_back(N / decode_steps(ctx, seqs, N, batch, &allocs));
-        alloc_steps += N;
+    for (const DType kvd : o.kv_dtypes) {
+      ContextParams p;
+      p.max_sequences = 1;
+      p.max_context = maxc + N * (o.runs + 1) + 8;
+      p.max_batch_tokens = 512;
+      p.threads = o.threads;
+      p.kv_dtype = kvd;
+      Context ctx(model, p);
+      const SeqId s = ctx.create_sequence();
+      Batch batch;
+      batch.reserve(4, static_cast<std::size_t>(maxc));
+      const SeqId seqs[1] = {s};
+      double base_ms = 0.0;
+      for (const int L : o.contexts) {
+        const auto toks = random_tokens(static_cast<std::size_t>(L), cfg.vocab_size, 2);
+        ctx.reset_sequence(s);
+        const auto t0 = Clock::now();
+        prefill(ctx, s, toks, batch);
+        const double tp = seconds_since(t0);
+        std::vector<double> dec, gbs;
+        for (int r = 0; r < o.runs; ++r) {
+          const double b0 = probe.gb_s();
+          dec.push_back(N / decode_steps(ctx, seqs, N, batch, &allocs));
+          gbs.push_back(0.5 * (b0 + probe.gb_s()));
+          alloc_steps += N;
+        }
+        const double d = median(dec), ms = 1e3 / d, bwm = median(gbs);
+        if (L == minc) base_ms = ms;
+        json row = {{"context", L}, {"kv_dtype", std::string(dtype_name(kvd))}, {"tok_s", d}, {"ms_per_token", ms}, {"runs", dec},
+                    {"prefill_tok_s", L / tp}, {"bandwidth_gb_s", bwm}};
+        std::string extra;
+        if (L > minc && base_ms > 0.0) {
+          const double kv_ms = 1e3 * static_cast<double>(L - minc) * static_cast<double>(ctx.kv_bytes_per_token()) / (bwm * 1e9);
+          row["extra_ms"] = ms - base_ms;
+          row["kv_stream_ms"] = kv_ms;
+          row["extra_vs_kv_stream"] = (ms - base_ms) / kv_ms;
+          extra = fmt::format("; +{:.1f} ms over {} = {:.2f}x its KV read at bandwidth", ms - base_ms, minc, (ms - base_ms) / kv_ms);
+        }
+        rows.push_back(row);
+        fmt::print("decode at context {:5d}  KV {:4}  {:.2f} tok/s ({:.1f} ms/token){}; its prefill {:.1f} tok/s\n", L,
+                   dtype_name(kvd), d, ms, extra, L / tp);
       }
-      const double d = median(dec);
-      rows.push_back({{"context", L}, {"tok_s", d}, {"ms_per_token", 1e3 / d}, {"runs", dec}, {"prefill_tok_s", L / tp}});
-      fmt::print("decode at context {:5d}  {:.2f} tok/s ({:.1f} ms/token); its prefill {:.1f} tok/s\n", L, d, 1e3 / d, L / tp);
     }
     out["context_decode"] = rows;
   }

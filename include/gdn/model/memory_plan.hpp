@@ -66,6 +66,7 @@ struct MemoryPlan {
   int max_sequences = 0;
   int max_context = 0;
   DType state_dtype = DType::f32;
+  DType kv_dtype = DType::f32;             // the KV cache's element type
   std::int64_t threads = 0;
 
   // Weights. `weights` is what loading would choose now (never automatic), with the reason when it

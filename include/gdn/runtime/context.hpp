@@ -28,6 +28,10 @@ struct ContextParams {
   int max_logits_rows = 0;       // 0: max(max_sequences, 64); grows (allocates) only when exceeded, keeping
                                  // the outgrown buffer so late readers see stale values, not freed memory
   std::optional<DType> state_dtype;  // recurrent state dtype; default: the config's mamba_ssm_dtype (float32)
+  std::optional<DType> kv_dtype;     // KV cache element type, F32 or BF16 (keys and values rounded to nearest even
+                                     // when written: half the bytes a long-context decode streams; see
+                                     // docs/performance.md). Default: the backend's own, F32 on the CPU (exact), BF16
+                                     // on CUDA (its only one)
   MatmulInput matmul_input = MatmulInput::float32;  // activations into the projections: exact float32, or
                                                     // rounded to bf16 (faster prefill / batched decode; see
                                                     // gdn/core/matmul_input.hpp)

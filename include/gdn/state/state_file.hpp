@@ -27,6 +27,9 @@ struct StateFileHeader {
   static constexpr std::uint32_t version = 1;
   std::string fingerprint;  // model_fingerprint() of the model that wrote it
   DType state_dtype = DType::f32;
+  // The KV dtype of the context that wrote it (the kv section is float32 either way, holding the
+  // stored values exactly). Files from before this field read as F32.
+  DType kv_dtype = DType::f32;
   std::int64_t length = 0, mtp_length = 0;
   std::int64_t gdn_layers = 0, conv_floats = 0, recurrent_elements = 0;  // per GDN layer
   std::int64_t kv_layers = 0, kv_dim = 0, kv_positions = 0;            // kv_dim = kv heads × head dim

@@ -42,7 +42,8 @@ CpuState::CpuState(const ModelConfig& config, const PreparedWeights& weights, co
   gdn_state = GdnStatePool(c, p.slots, p.state_dtype);
   if (p.max_rollback_tokens > 0) step_log = GdnStepLog(c, p.slots, p.state_dtype, p.max_rollback_tokens);
   const int n_kv_layers = c.count_layers(LayerKind::full_attention) + (w.mtp ? 1 : 0);
-  kv = KvStore(n_kv_layers > 0 ? p.kv_pages : 0, p.kv_page_size, n_kv_layers, c.num_key_value_heads, c.head_dim);
+  kv = KvStore(n_kv_layers > 0 ? p.kv_pages : 0, p.kv_page_size, n_kv_layers, c.num_key_value_heads, c.head_dim,
+               p.kv_dtype);
   const int Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   key_head.resize(static_cast<std::size_t>(Hv));
   for (int h = 0; h < Hv; ++h) key_head[static_cast<std::size_t>(h)] = p.tiled_value_heads ? h % Hk : h / (Hv / Hk);
@@ -91,6 +92,7 @@ class CpuBackend final : public BackendInterface {
         kernels_(target_kernels(current_target())) {
     const ModelConfig& c = model_->config();
     layout_.state_dtype = params.state_dtype;
+    layout_.kv_dtype = params.kv_dtype;
     layout_.gdn_layers = c.count_layers(LayerKind::linear_attention);
     layout_.conv_floats = s_.gdn_state.conv_floats();
     layout_.recurrent_elements = s_.gdn_state.recurrent_elements();
@@ -141,14 +143,14 @@ class CpuBackend final : public BackendInterface {
     std::copy_n(recurrent, layout_.recurrent_bytes_per_slot(), s_.gdn_state.recurrent(slot, 0));
   }
 
-  void read_kv_page(std::int32_t page, float* out) override { std::copy_n(s_.kv.page(page), s_.kv.page_floats(), out); }
-  void write_kv_page(std::int32_t page, const float* in) override { std::copy_n(in, s_.kv.page_floats(), s_.kv.page(page)); }
+  void read_kv_page(std::int32_t page, float* out) override { s_.kv.read_page(page, out); }
+  void write_kv_page(std::int32_t page, const float* in) override { s_.kv.write_page(page, in); }
 
   std::int64_t rollback_bytes_per_sequence() const noexcept override {
     return s_.step_log.enabled() ? s_.step_log.bytes_per_sequence() : 0;
   }
   std::int64_t kv_bytes_per_token() const noexcept override {
-    return layout_.kv_layers * 2 * layout_.kv_dim * static_cast<std::int64_t>(sizeof(float));
+    return layout_.kv_layers * 2 * layout_.kv_dim * static_cast<std::int64_t>(dtype_size(layout_.kv_dtype));
   }
 
  private:

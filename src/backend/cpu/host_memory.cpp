@@ -21,7 +21,7 @@ HostMemory host_memory(const ModelConfig& c, bool has_mtp, const BackendParams& 
 
   const std::int64_t kv_layers = c.count_layers(LayerKind::full_attention) + (has_mtp ? 1 : 0);
   if (kv_layers > 0 && p.kv_pages > 0) {
-    m.kv_bytes_per_token = kv_layers * 2 * static_cast<std::int64_t>(c.attn_kv_dim()) * f;
+    m.kv_bytes_per_token = kv_layers * 2 * static_cast<std::int64_t>(c.attn_kv_dim()) * static_cast<std::int64_t>(dtype_size(p.kv_dtype));
     m.kv_bytes = p.kv_pages * p.kv_page_size * m.kv_bytes_per_token;
   }
   if (p.max_rollback_tokens > 0)

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <new>
 
@@ -24,13 +25,34 @@ void allocate(std::vector<T>& v, std::int64_t n, T value, const char* what) {
 
 }  // namespace
 
-KvStore::KvStore(std::int64_t pages, int page_size, int layers, int kv_heads, int head_dim)
-    : page_size_(page_size), layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), pages_(pages) {
-  page_floats_ = static_cast<std::int64_t>(layers) * 2 * kv_heads * page_size * head_dim;
-  std::int64_t floats = 0;
-  if (__builtin_mul_overflow(pages, page_floats_, &floats) || floats > std::numeric_limits<std::int64_t>::max() / 4)
-    throw Error(Status::out_of_capacity, fmt::format("a KV cache of {} pages of {} floats cannot be addressed", pages, page_floats_));
-  allocate(data_, floats, 0.0f, "KV cache");
+KvStore::KvStore(std::int64_t pages, int page_size, int layers, int kv_heads, int head_dim, DType dtype)
+    : page_size_(page_size), layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), dtype_(dtype), pages_(pages) {
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    throw Error(Status::invalid_argument, fmt::format("the CPU KV cache holds F32 or BF16, not {}", dtype_name(dtype)));
+  page_elements_ = static_cast<std::int64_t>(layers) * 2 * kv_heads * page_size * head_dim;
+  std::int64_t bytes = 0;
+  if (__builtin_mul_overflow(pages, page_bytes(), &bytes))
+    throw Error(Status::out_of_capacity,
+                fmt::format("a KV cache of {} pages of {} elements cannot be addressed", pages, page_elements_));
+  allocate(data_, bytes, std::byte{0}, "KV cache");
+}
+
+void KvStore::read_page(std::int32_t page, float* out) const noexcept {
+  if (dtype_ == DType::f32) {
+    std::memcpy(out, page_base(page), static_cast<std::size_t>(page_bytes()));
+    return;
+  }
+  const auto* in = reinterpret_cast<const bf16*>(page_base(page));
+  for (std::int64_t i = 0; i < page_elements_; ++i) out[i] = to_float(in[i]);
+}
+
+void KvStore::write_page(std::int32_t page, const float* in) noexcept {
+  if (dtype_ == DType::f32) {
+    std::memcpy(page_base(page), in, static_cast<std::size_t>(page_bytes()));
+    return;
+  }
+  auto* out = reinterpret_cast<bf16*>(page_base(page));
+  for (std::int64_t i = 0; i < page_elements_; ++i) out[i] = to_bf16(in[i]);
 }
 
 GdnStatePool::GdnStatePool(const ModelConfig& c, int slots, DType state_dtype) : state_dtype_(state_dtype) {

@@ -19,16 +19,54 @@ struct AttentionRows {
   float* core;          // [rows][Hq·hd]: gated attention output
 };
 
-// sc[e][j] = scale · q[e]·k for G ≤ 4 query vectors against one key row.
-inline void attention_dot_heads(const float* const* q, int G, const float* k, int hd, float scale, float* const* sc, int j) {
+// KV elements as float32: exact for both store dtypes (a bf16 is the upper half of a float).
+inline float kv_float(float v) { return v; }
+inline float kv_float(bf16 v) { return to_float(v); }
+#if GDN_CPU_AVX512
+inline __m512 kv_load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 kv_load16(const bf16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// Σ a[i]·b[i] of a float query against a stored key, 16 lanes then in order (vec::dot's generic
+// order, so a float32 store gives the same sums as before the store had a dtype).
+template <typename T>
+inline float kv_dot(const float* a, const T* b, int n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return vec::dot(a, b, n);
+  } else {
+    float lanes[16] = {};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+      for (int j = 0; j < 16; ++j) lanes[j] += a[i + j] * kv_float(b[i + j]);
+    float total = 0.0f;
+    for (int j = 0; j < 16; ++j) total += lanes[j];
+    for (; i < n; ++i) total += a[i] * kv_float(b[i]);
+    return total;
+  }
+}
+
+// sc[e][j] = scale · q[e]·k for G query vectors against one key row. The accumulators are four
+// 16-lane partial sums per query (chunk c of 16 goes to sum c mod 4), held in registers: G is a
+// template argument so every index is a constant.
+template <int G, typename T>
+inline void attention_dot_heads(const float* const* q, const T* k, int hd, float scale, float* const* sc, int j) {
 #if GDN_CPU_AVX512
   if (hd % 16 == 0) {
-    __m512 acc[4][4];
-    for (int e = 0; e < 4; ++e)
+    __m512 acc[G][4];
+    for (int e = 0; e < G; ++e)
       for (int u = 0; u < 4; ++u) acc[e][u] = _mm512_setzero_ps();
-    for (int i = 0; i < hd; i += 16) {
-      const __m512 kv = _mm512_loadu_ps(k + i);
-      const int u = (i / 16) & 3;
+    int i = 0;
+    for (; i + 64 <= hd; i += 64)
+      for (int u = 0; u < 4; ++u) {
+        const __m512 kv = kv_load16(k + i + 16 * u);
+        for (int e = 0; e < G; ++e) acc[e][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q[e] + i + 16 * u), kv, acc[e][u]);
+      }
+    for (int u = 0; u < 3; ++u, i += 16) {  // the last hd mod 64 dims, at most three chunks
+      if (i >= hd) break;
+      const __m512 kv = kv_load16(k + i);
       for (int e = 0; e < G; ++e) acc[e][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q[e] + i), kv, acc[e][u]);
     }
     for (int e = 0; e < G; ++e)
@@ -36,27 +74,67 @@ inline void attention_dot_heads(const float* const* q, int G, const float* k, in
     return;
   }
 #endif
-  for (int e = 0; e < G; ++e) sc[e][j] = vec::dot(q[e], k, hd) * scale;
+  for (int e = 0; e < G; ++e) sc[e][j] = kv_dot(q[e], k, hd) * scale;
 }
 
-// o[e] += Σ_j p[e][j] · v_j, positions in order, for G ≤ 4 outputs.
-inline void attention_accumulate_values(float* const* o, int G, float* const* p, const float* const* v, int n, int hd) {
+// o[e] += Σ_j p[e][j] · v_j for G outputs, each element summing positions in order. Value rows are
+// read front to back, four at a time (the outputs go through L1 once per four rows, not once per
+// row), so the stream from memory is sequential within a page.
+template <int G, typename T>
+inline void attention_accumulate_values(float* const* o, float* const* p, const T* const* v, int n, int hd) {
 #if GDN_CPU_AVX512
   if (hd % 16 == 0) {
-    for (int c = 0; c < hd; c += 16) {
-      __m512 acc[4];
-      for (int e = 0; e < G; ++e) acc[e] = _mm512_loadu_ps(o[e] + c);
-      for (int j = 0; j < n; ++j) {
-        const __m512 vv = _mm512_loadu_ps(v[j] + c);
-        for (int e = 0; e < G; ++e) acc[e] = _mm512_fmadd_ps(_mm512_set1_ps(p[e][j]), vv, acc[e]);
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+      __m512 w[G][4];
+      for (int e = 0; e < G; ++e)
+        for (int r = 0; r < 4; ++r) w[e][r] = _mm512_set1_ps(p[e][j + r]);
+      for (int c = 0; c < hd; c += 16) {
+        __m512 acc[G];
+        for (int e = 0; e < G; ++e) acc[e] = _mm512_loadu_ps(o[e] + c);
+        for (int r = 0; r < 4; ++r) {
+          const __m512 vv = kv_load16(v[j + r] + c);
+          for (int e = 0; e < G; ++e) acc[e] = _mm512_fmadd_ps(w[e][r], vv, acc[e]);
+        }
+        for (int e = 0; e < G; ++e) _mm512_storeu_ps(o[e] + c, acc[e]);
       }
-      for (int e = 0; e < G; ++e) _mm512_storeu_ps(o[e] + c, acc[e]);
     }
+    for (; j < n; ++j)
+      for (int c = 0; c < hd; c += 16) {
+        const __m512 vv = kv_load16(v[j] + c);
+        for (int e = 0; e < G; ++e)
+          _mm512_storeu_ps(o[e] + c, _mm512_fmadd_ps(_mm512_set1_ps(p[e][j]), vv, _mm512_loadu_ps(o[e] + c)));
+      }
     return;
   }
 #endif
   for (int e = 0; e < G; ++e)
-    for (int j = 0; j < n; ++j) vec::axpy(o[e], p[e][j], v[j], hd);
+    for (int j = 0; j < n; ++j) {
+      const float a = p[e][j];
+      for (int i = 0; i < hd; ++i) o[e][i] += a * kv_float(v[j][i]);
+    }
+}
+
+// The query heads of one row against one block of positions, G at a time (G ≤ 4 a constant).
+template <int G, typename T>
+inline void attention_heads(const float* const* qv, float* const* o, float* const* sc, const T* const* kp, const T* const* vp,
+                            int n, int hd, float scale, float* mx, float* sum) {
+  for (int j = 0; j < n; ++j) attention_dot_heads<G>(qv, kp[j], hd, scale, sc, j);
+  for (int e = 0; e < G; ++e) {
+    float bmax = -INFINITY;
+    for (int j = 0; j < n; ++j) bmax = std::max(bmax, sc[e][j]);
+    const float m_new = std::max(mx[e], bmax);
+    const float bsum = vec::exp_shift_sum(sc[e], n, m_new);
+    if (mx[e] == -INFINITY) {
+      sum[e] = bsum;
+    } else {
+      const float corr = vec::exp1(mx[e] - m_new);
+      sum[e] = sum[e] * corr + bsum;
+      vec::scale(o[e], corr, hd);
+    }
+    mx[e] = m_new;
+  }
+  attention_accumulate_values<G>(o, sc, vp, n, hd);
 }
 
 // Rows [r0, r1) of segment s, query heads g·group .. g·group + group − 1 of kv head g. The query
@@ -64,13 +142,14 @@ inline void attention_accumulate_values(float* const* o, int G, float* const* p,
 // and the outputs stay in registers over a block of positions. Per query vector the operations do
 // not depend on how many rows the task holds. `stats` holds 2 · (r1 − r0) · group floats (the
 // running max and sum of each query vector; the caller's per-thread scratch, sized for any group).
+template <typename T>
 inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std::int32_t>& pages, const PassSegment& s,
                    std::int64_t r0, std::int64_t r1, int Hq, int hd, int group, float scale, const AttentionRows& b,
                    float* stats) {
   const int ps = kv.page_size();
   constexpr int pos_block = 64;
-  const float* kp[pos_block];
-  const float* vp[pos_block];
+  const T* kp[pos_block];
+  const T* vp[pos_block];
   const int nq = static_cast<int>((r1 - r0) * group);
   float* mx = stats;
   float* sum = stats + nq;
@@ -88,8 +167,8 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
     for (int j = 0; j < nb; ++j) {
       const std::int64_t pos = j0 + j;
       const std::int32_t page = pages[static_cast<std::size_t>(pos / ps)];
-      kp[j] = kv.keys(page, kv_layer, g) + (pos % ps) * hd;
-      vp[j] = kv.values(page, kv_layer, g) + (pos % ps) * hd;
+      kp[j] = kv.keys<T>(page, kv_layer, g) + (pos % ps) * hd;
+      vp[j] = kv.values<T>(page, kv_layer, g) + (pos % ps) * hd;
     }
     for (std::int64_t t = r0; t < r1; ++t) {
       const std::int64_t len = s.pos + t + 1;
@@ -107,25 +186,13 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
           o[e] = b.core + row * Hq * hd + h * hd;
           sc[e] = scb + e * pos_block;
         }
-        for (int j = 0; j < n; ++j) attention_dot_heads(qv, G, kp[j], hd, scale, sc, j);
-        float* p[4];
-        for (int e = 0; e < G; ++e) {
-          const int q = static_cast<int>(t - r0) * group + h0 + e;
-          float bmax = -INFINITY;
-          for (int j = 0; j < n; ++j) bmax = std::max(bmax, sc[e][j]);
-          const float m_new = std::max(mx[q], bmax);
-          const float bsum = vec::exp_shift_sum(sc[e], n, m_new);
-          if (mx[q] == -INFINITY) {
-            sum[q] = bsum;
-          } else {
-            const float corr = vec::exp1(mx[q] - m_new);
-            sum[q] = sum[q] * corr + bsum;
-            vec::scale(o[e], corr, hd);
-          }
-          mx[q] = m_new;
-          p[e] = sc[e];
+        const int q0 = static_cast<int>(t - r0) * group + h0;
+        switch (G) {
+          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0); break;
+          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0); break;
+          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0); break;
+          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0); break;
         }
-        attention_accumulate_values(o, G, p, vp, n, hd);
       }
     }
   }

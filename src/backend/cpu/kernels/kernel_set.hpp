@@ -194,8 +194,16 @@ class Kernels {
   }
 
   // Norm + RoPE, then this step's keys and values into the cache: one parallel region over all
-  // rows (a batch of decodes is many one-row segments).
+  // rows (a batch of decodes is many one-row segments). A bf16 cache receives each key and value
+  // rounded to nearest even, once: every later read (this pass's own rows included) sees the same
+  // stored value, so prefill, decode and verification rows still agree bit for bit.
   void attn_append(const AttentionWeights& w, int kv_layer) {
+    if (s_.kv.dtype() == DType::bf16) attn_append_as<bf16>(w, kv_layer);
+    else attn_append_as<float>(w, kv_layer);
+  }
+
+  template <typename T>
+  void attn_append_as(const AttentionWeights& w, int kv_layer) {
     const int Hq = c_.num_attention_heads, Hkv = c_.num_key_value_heads, hd = c_.head_dim;
     const std::int64_t qg = 2LL * Hq * hd, kvd = static_cast<std::int64_t>(Hkv) * hd;
     const int half = c_.rotary_dim / 2;
@@ -210,7 +218,7 @@ class Kernels {
         const std::int64_t pos = seg->pos + (row - seg->row);
         const float* cs = s_.cos.data() + row * half;
         const float* sn = s_.sin.data() + row * half;
-        const float* p = s_.proj.data() + row * s_.ld_proj;
+        float* p = s_.proj.data() + row * s_.ld_proj;
         float* q = s_.aux.data() + row * Hq * hd;
         for (int h = 0; h < Hq; ++h) {
           rms_norm(p + 2LL * h * hd, w.q_norm_scale, q + h * hd, hd, c_.rms_norm_eps);
@@ -219,10 +227,22 @@ class Kernels {
         const std::int32_t page = pages[static_cast<std::size_t>(pos / ps)];
         const std::int64_t off = (pos % ps) * hd;
         for (int g = 0; g < Hkv; ++g) {
-          float* k = s_.kv.keys(page, kv_layer, g) + off;
-          rms_norm(p + qg + g * hd, w.k_norm_scale, k, hd, c_.rms_norm_eps);
-          rope_apply(k, cs, sn, half);
-          std::copy_n(p + qg + kvd + g * hd, hd, s_.kv.values(page, kv_layer, g) + off);
+          T* k = s_.kv.keys<T>(page, kv_layer, g) + off;
+          T* v = s_.kv.values<T>(page, kv_layer, g) + off;
+          const float* vf = p + qg + kvd + g * hd;
+          if constexpr (std::is_same_v<T, float>) {
+            rms_norm(p + qg + g * hd, w.k_norm_scale, k, hd, c_.rms_norm_eps);
+            rope_apply(k, cs, sn, half);
+            std::copy_n(vf, hd, v);
+          } else {
+            float* kf = p + qg + g * hd;  // normed and rotated in place: the row's projection is not read again
+            rms_norm(kf, w.k_norm_scale, kf, hd, c_.rms_norm_eps);
+            rope_apply(kf, cs, sn, half);
+            for (int i = 0; i < hd; ++i) {
+              k[i] = to_bf16(kf[i]);
+              v[i] = to_bf16(vf[i]);
+            }
+          }
         }
       }
     });
@@ -250,7 +270,11 @@ class Kernels {
         const auto& sg = segs[si];
         const int g = static_cast<int>(t % Hkv);
         const std::int64_t r0 = (t / Hkv) * row_block, r1 = std::min(sg.n, r0 + row_block);
-        attend(s_.kv, kv_layer, g, plan_.page_tables[static_cast<std::size_t>(sg.slot)], sg, r0, r1, Hq, hd, group, scale, rows,
+        if (s_.kv.dtype() == DType::bf16)
+          attend<bf16>(s_.kv, kv_layer, g, plan_.page_tables[static_cast<std::size_t>(sg.slot)], sg, r0, r1, Hq, hd, group, scale,
+                       rows, stats);
+        else
+          attend<float>(s_.kv, kv_layer, g, plan_.page_tables[static_cast<std::size_t>(sg.slot)], sg, r0, r1, Hq, hd, group, scale, rows,
                stats);
       }
     });
