@@ -400,6 +400,17 @@ TEST_CASE("save a sequence, resume it bit-identically in a new process", "[state
   auto tied = Model::load(test::fixture_model("qwen35_tied"));
   Context wrong(tied, params(1, 0));
   CHECK_THROWS_AS(wrong.load_sequence(path), Error);
+  // A state written with a float32 KV cache is refused by a bf16 one (it would continue exactly in neither).
+  ContextParams bf16_kv = params(1, 0);
+  bf16_kv.kv_dtype = DType::bf16;
+  Context rounded(model, bf16_kv);
+  try {
+    rounded.load_sequence(path);
+    FAIL("a float32-KV state accepted by a bf16-KV context");
+  } catch (const Error& e) {
+    CHECK(e.status() == Status::invalid_argument);
+    CHECK(std::string(e.what()).find("its KV cache dtype is F32, the context's is BF16") != std::string::npos);
+  }
   std::filesystem::remove(path);
   std::filesystem::remove(out);
 }

@@ -52,7 +52,7 @@ struct HeldoutResult {
   int tokenizer_mismatch = 0, parity_mismatch = 0, ours_correct = 0, hf_correct = 0, prompts = 0;
 };
 
-HeldoutResult run_heldout(MatmulInput matmul_input, WeightQuant quant = WeightQuant::none) {
+HeldoutResult run_heldout(MatmulInput matmul_input, WeightQuant quant = WeightQuant::none, DType kv_dtype = DType::f32) {
   const auto rows = heldout();
   REQUIRE(rows.size() >= 200);
   const Tokenizer tok = Tokenizer::load(model_dir + "/tokenizer.json");
@@ -64,6 +64,7 @@ HeldoutResult run_heldout(MatmulInput matmul_input, WeightQuant quant = WeightQu
   p.max_context = 512;
   p.threads = 2;
   p.matmul_input = matmul_input;
+  p.kv_dtype = kv_dtype;
   Context ctx(model, p);
   Generator gen(ctx, tok, load_eos_token_ids(model_dir));
   GenerationParams gp;
@@ -101,6 +102,16 @@ TEST_CASE("trained model with bf16 matmul inputs: the same answers as transforme
   const HeldoutResult r = run_heldout(MatmulInput::bf16);
   const double acc = static_cast<double>(r.ours_correct) / r.prompts;
   WARN(fmt::format("gdn-tiny held-out, bf16 matmul inputs: exact-match {:.1f}% (transformers float32 {:.1f}%); {} of {} "
+                   "generations differ from transformers float32",
+                   100 * acc, 100.0 * r.hf_correct / r.prompts, r.parity_mismatch, r.prompts));
+  CHECK(r.parity_mismatch <= r.prompts / 100);
+  CHECK(acc >= 0.90);
+}
+
+TEST_CASE("trained model with a bf16 KV cache: the same answers as transformers float32 on the held-out prompts", "[tiny][kv]") {
+  const HeldoutResult r = run_heldout(MatmulInput::float32, WeightQuant::none, DType::bf16);
+  const double acc = static_cast<double>(r.ours_correct) / r.prompts;
+  WARN(fmt::format("gdn-tiny held-out, bf16 KV cache: exact-match {:.1f}% (transformers float32 {:.1f}%); {} of {} "
                    "generations differ from transformers float32",
                    100 * acc, 100.0 * r.hf_correct / r.prompts, r.parity_mismatch, r.prompts));
   CHECK(r.parity_mismatch <= r.prompts / 100);
