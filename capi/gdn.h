@@ -146,6 +146,15 @@ typedef enum gdn_state_dtype {
     GDN_STATE_DTYPE_BF16 = 2
 } gdn_state_dtype;
 
+/* KV cache element type of the attention layers. DEFAULT: the backend's (CPU float32, CUDA bf16). BF16 halves
+   the cache and the bytes a long-context decode step reads; keys and values are rounded to nearest even
+   after the norm and RoPE, and attention still sums in float32 (docs/performance.md "Long context"). */
+typedef enum gdn_kv_dtype {
+    GDN_KV_DTYPE_DEFAULT = 0,
+    GDN_KV_DTYPE_F32 = 1,
+    GDN_KV_DTYPE_BF16 = 2
+} gdn_kv_dtype;
+
 /* The precision activations enter the projections at (values equal gdn::MatmulInput). FLOAT32 (default):
    exact float32 dot products. BF16: each activation rounded to bf16 first, as transformers runs a bf16
    checkpoint in bfloat16; on AVX-512-BF16 CPUs without AMX prefill and batched decode then run on vdpbf16ps
@@ -316,6 +325,8 @@ typedef struct gdn_context_params {
     /* Added after 0.1.0. */
     int32_t device;                /* CUDA device ordinal (0) */
     bool cuda_graphs;              /* CUDA: replay repeated decode shapes from captured graphs (default true) */
+    /* Added after 0.1.0. */
+    gdn_kv_dtype kv_dtype;         /* KV cache element type (default: the backend's); CUDA takes BF16 only */
 } gdn_context_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */

@@ -69,7 +69,7 @@ static_assert(std::is_same_v<gdn_token, gdn::Token>);
 static_assert(std::is_same_v<gdn_seq_id, gdn::SeqId>);
 static_assert(std::is_same_v<gdn_snapshot_id, gdn::SnapshotId>);
 // Enums inside structs must stay 4 bytes (ctypes and other FFIs declare them as c_int).
-static_assert(sizeof(gdn_status) == 4 && sizeof(gdn_state_dtype) == 4 && sizeof(gdn_backend) == 4 && sizeof(gdn_matmul_input) == 4 &&
+static_assert(sizeof(gdn_status) == 4 && sizeof(gdn_state_dtype) == 4 && sizeof(gdn_backend) == 4 && sizeof(gdn_matmul_input) == 4 && sizeof(gdn_kv_dtype) == 4 &&
               sizeof(gdn_logits_mode) == 4 && sizeof(gdn_finish_reason) == 4);
 
 // ---------------------------------------------------------------------------------------------
@@ -267,6 +267,7 @@ gdn_context_params default_context_params() {
   p.matmul_input = static_cast<gdn_matmul_input>(d.matmul_input);
   p.device = d.device;
   p.cuda_graphs = d.cuda_graphs;
+  p.kv_dtype = GDN_KV_DTYPE_DEFAULT;
   return p;
 }
 
@@ -297,6 +298,12 @@ gdn::ContextParams to_cpp(const gdn_context_params& p) {
   cp.backend = to_backend(p.backend);
   cp.device = p.device;
   cp.cuda_graphs = p.cuda_graphs;
+  switch (enum_int(p.kv_dtype)) {
+    case GDN_KV_DTYPE_DEFAULT: break;
+    case GDN_KV_DTYPE_F32: cp.kv_dtype = gdn::DType::f32; break;
+    case GDN_KV_DTYPE_BF16: cp.kv_dtype = gdn::DType::bf16; break;
+    default: invalid("kv_dtype " + std::to_string(enum_int(p.kv_dtype)) + " is not a gdn_kv_dtype");
+  }
   switch (enum_int(p.matmul_input)) {
     case GDN_MATMUL_INPUT_FLOAT32: cp.matmul_input = gdn::MatmulInput::float32; break;
     case GDN_MATMUL_INPUT_BF16: cp.matmul_input = gdn::MatmulInput::bf16; break;

@@ -291,6 +291,50 @@ TEST_CASE("matmul_input through C: bf16 equals the C++ context bit for bit; an o
   CHECK_THAT(last_error(), Catch::Contains("matmul_input 7"));
 }
 
+TEST_CASE("kv_dtype through C: bf16 equals the C++ context bit for bit and halves the KV bytes; an older struct gets float32", "[capi][fixtures]") {
+  CModel cm("qwen35_cond_mtp");
+  test::Reference ref("qwen35_cond_mtp");
+  const auto tokens = ref.tokens("prompt4.tokens");
+  gdn_model_config cfg;
+  cfg.size = sizeof cfg;
+  REQUIRE(gdn_model_get_config(cm.m, &cfg) == GDN_STATUS_OK);
+  CHECK(gdn_context_default_params().kv_dtype == GDN_KV_DTYPE_DEFAULT);
+  const auto kv_bytes = [](gdn_context* c) {
+    gdn_context_memory m;
+    m.size = sizeof m;
+    REQUIRE(gdn_context_get_memory(c, &m) == GDN_STATUS_OK);
+    return m.kv_bytes_per_token;
+  };
+  gdn_context_params bf = small_c_params();
+  bf.kv_dtype = GDN_KV_DTYPE_BF16;
+  gdn_context_params f32 = small_c_params();
+  f32.kv_dtype = GDN_KV_DTYPE_F32;
+  gdn_context_params older = small_c_params();
+  older.kv_dtype = GDN_KV_DTYPE_BF16;  // past the older caller's size: never read
+  older.size = static_cast<std::uint32_t>(offsetof(gdn_context_params, kv_dtype));
+  CContext c_bf(cm.m, bf), c_f32(cm.m, f32), c_old(cm.m, older), c_def(cm.m, small_c_params());
+  CHECK(kv_bytes(c_bf.c) * 2 == kv_bytes(c_f32.c));
+  CHECK(kv_bytes(c_old.c) == kv_bytes(c_f32.c));
+  CHECK(kv_bytes(c_def.c) == kv_bytes(c_f32.c));  // the CPU default is float32
+  const auto l_bf = c_prefill(c_bf.c, tokens, cfg.vocab_size), l_f32 = c_prefill(c_f32.c, tokens, cfg.vocab_size);
+  const auto l_old = c_prefill(c_old.c, tokens, cfg.vocab_size);
+  ContextParams cpp = small_cpp_params();
+  cpp.kv_dtype = DType::bf16;
+  Context ctx(Model::load(test::fixture_model("qwen35_cond_mtp")), cpp);
+  const auto cpp_bf = test::prefill_logits(ctx, tokens);
+  REQUIRE(cpp_bf.size() == l_bf.size());
+  CHECK(std::memcmp(l_bf.data(), cpp_bf.data(), l_bf.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(l_old.data(), l_f32.data(), l_f32.size() * sizeof(float)) == 0);
+  const std::size_t last = l_bf.size() - static_cast<std::size_t>(cfg.vocab_size);
+  CHECK(test::max_abs_diff(l_bf.data() + last, l_f32.data() + last, static_cast<std::size_t>(cfg.vocab_size)) > 0.0f);
+  gdn_context_params bad = small_c_params();
+  bad.kv_dtype = static_cast<gdn_kv_dtype>(9);
+  gdn_context* c = nullptr;
+  CHECK(gdn_context_create(cm.m, &bad, &c) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK(c == nullptr);
+  CHECK_THAT(last_error(), Catch::Contains("kv_dtype 9"));
+}
+
 TEST_CASE("an output pointer used past a step that grows the output buffer reads stale data, not freed memory", "[capi]") {
   // The contract is "valid until the next step"; a host (or a numpy view) that breaks it must not
   // read freed memory. Under ASan this fails if the outgrown buffer is freed.

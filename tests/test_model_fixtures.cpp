@@ -30,9 +30,10 @@ std::string reference_for(const std::string& model) {
   return model == "qwen35_cond_mtp_single" ? "qwen35_cond_mtp" : model;
 }
 
-ContextParams small_params(int sequences = 3, MatmulInput matmul_input = MatmulInput::float32) {
+ContextParams small_params(int sequences = 3, MatmulInput matmul_input = MatmulInput::float32, DType kv_dtype = DType::f32) {
   ContextParams p;
   p.matmul_input = matmul_input;
+  p.kv_dtype = kv_dtype;
   p.max_sequences = sequences;
   p.max_context = 512;
   p.threads = 2;
@@ -101,6 +102,71 @@ TEST_CASE("bf16 matmul inputs: logits as close to transformers float32 as transf
   }
 }
 
+// ContextParams::kv_dtype = bf16 rounds each key and value to bf16 (nearest even) as it enters the
+// cache, after the norm and RoPE; attention still sums in float32. The fixtures' attention layers
+// are a quarter of the layers, so the cost is small: measured on every fixture and prompt against
+// transformers float32, bounded by `bf16_kv_rms_tolerance` per prompt and over all six prompts no
+// more than a third of transformers' own bf16 run's RMS error (which rounds every tensor).
+constexpr double bf16_kv_rms_tolerance = 0.05;
+
+TEST_CASE("bf16 KV cache: logits error vs transformers float32 measured and bounded", "[fixtures][kv]") {
+  for (const std::string name : models) {
+    auto model = Model::load(test::fixture_model(name));
+    test::Reference ref(reference_for(name));
+    Context ctx(model, small_params(3, MatmulInput::float32, DType::bf16)), exact(model, small_params());
+    double ours_sq = 0.0, hf_sq = 0.0, worst_rms = 0.0;
+    float worst_max = 0.0f;
+    for (int i = 0; i < 6; ++i) {
+      const auto tokens = ref.tokens(fmt::format("prompt{}.tokens", i));
+      const auto expect = ref.floats(fmt::format("prompt{}.logits", i));
+      const auto hf_bf16 = ref.floats(fmt::format("prompt{}.logits_bf16", i));
+      const auto got = test::prefill_logits(ctx, tokens), f32_kv = test::prefill_logits(exact, tokens);
+      REQUIRE(got.size() == expect.size());
+      const double ours = rms_diff(got, expect), hf = rms_diff(hf_bf16, expect);
+      const float d = max_abs_diff(got.data(), expect.data(), got.size());
+      INFO(fmt::format("{} prompt {} (T={}): bf16 KV vs hf_fp32 RMS {:.3g} max {:.3g}; vs our f32 KV max {:.3g}; hf_bf16 RMS {:.3g}",
+                       name, i, tokens.size(), ours, d, max_abs_diff(got.data(), f32_kv.data(), got.size()), hf));
+      CHECK(ours <= bf16_kv_rms_tolerance);
+      if (tokens.size() > 1) CHECK(max_abs_diff(got.data(), f32_kv.data(), got.size()) > 0.0f);  // really rounded
+      ours_sq += ours * ours;
+      hf_sq += hf * hf;
+      worst_rms = std::max(worst_rms, ours);
+      worst_max = std::max(worst_max, d);
+    }
+    CHECK(ours_sq * 9 <= hf_sq);
+    WARN(fmt::format("{}: bf16 KV cache: RMS logit error vs hf_fp32 {:.3g} over 6 prompts (worst prompt {:.3g}, worst max {:.3g}; "
+                     "transformers bf16 RMS {:.3g})",
+                     name, std::sqrt(ours_sq / 6), worst_rms, worst_max, std::sqrt(hf_sq / 6)));
+  }
+}
+
+TEST_CASE("bf16 KV cache: prefill then token-by-token decode equals the whole-prompt forward", "[fixtures][kv]") {
+  // Prefill and decode read the same rounded keys and values, so the two paths differ only as they
+  // do with a float32 cache (chunked vs recurrent GDN): within `internal_tolerance`.
+  auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));
+  test::Reference ref("qwen35_cond_mtp");
+  Context ctx(model, small_params(1, MatmulInput::float32, DType::bf16));
+  const auto tokens = ref.tokens("prompt5.tokens");  // 200 tokens
+  const auto V = static_cast<std::size_t>(model->config().vocab_size);
+  const auto whole = test::prefill_logits(ctx, tokens);
+  for (const std::size_t n_prefill : {std::size_t{1}, std::size_t{64}, std::size_t{130}}) {
+    const SeqId s = ctx.create_sequence();
+    Batch b;
+    b.add(s, std::span(tokens).first(n_prefill), LogitsFor::last);
+    ctx.step(b);
+    float d = max_abs_diff(ctx.logits(0).data(), whole.data() + (n_prefill - 1) * V, V);
+    for (std::size_t t = n_prefill; t < tokens.size(); ++t) {
+      b.clear();
+      b.add(s, tokens[t]);
+      ctx.step(b);
+      d = std::max(d, max_abs_diff(ctx.logits(0).data(), whole.data() + t * V, V));
+    }
+    INFO(fmt::format("bf16 KV: prefill {} then decode vs whole prompt: max diff {:.3g}", n_prefill, d));
+    CHECK(d <= internal_tolerance);
+    ctx.free_sequence(s);
+  }
+}
+
 TEST_CASE("prefill then token-by-token decode equals the whole-prompt forward", "[fixtures]") {
   for (const std::string name : {"qwen35_tied", "qwen3next_dense"}) {
     auto model = Model::load(test::fixture_model(name));
@@ -165,8 +231,9 @@ TEST_CASE("chunked GDN equals the per-token recurrence across chunk boundaries",
 }
 
 TEST_CASE("a batch of sequences of different lengths equals each run alone, bit for bit", "[fixtures]") {
-  for (const MatmulInput mi : {MatmulInput::float32, MatmulInput::bf16}) {
-  INFO((mi == MatmulInput::bf16 ? "bf16 matmul inputs" : "float32 matmul inputs"));
+  for (const auto [mi, kv] : {std::pair{MatmulInput::float32, DType::f32}, std::pair{MatmulInput::bf16, DType::f32},
+                              std::pair{MatmulInput::float32, DType::bf16}}) {
+  INFO((mi == MatmulInput::bf16 ? "bf16 matmul inputs" : "float32 matmul inputs") << ", KV " << dtype_name(kv));
   auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));
   test::Reference ref("qwen35_cond_mtp");
   const auto V = static_cast<std::size_t>(model->config().vocab_size);
@@ -176,7 +243,7 @@ TEST_CASE("a batch of sequences of different lengths equals each run alone, bit 
   const std::vector<Token> continuation = {3, 141, 59, 26, 53};
   std::vector<std::vector<float>> alone;
   for (const auto& p : prompts) {
-    Context ctx(model, small_params(1, mi));
+    Context ctx(model, small_params(1, mi, kv));
     const SeqId s = ctx.create_sequence();
     Batch b;
     b.add(s, p, LogitsFor::last);
@@ -191,7 +258,7 @@ TEST_CASE("a batch of sequences of different lengths equals each run alone, bit 
     alone.push_back(rows);
   }
   // Together: all three prompts in one mixed step, then all three decode together.
-  Context ctx(model, small_params(3, mi));
+  Context ctx(model, small_params(3, mi, kv));
   std::vector<SeqId> ids;
   Batch b;
   for (const auto& p : prompts) {

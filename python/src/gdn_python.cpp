@@ -471,7 +471,7 @@ PYBIND11_MODULE(gdn, m) {
       .def(py::init([](const ModelHandle& pm, int max_sequences, int max_context, int kv_page_size, std::int64_t kv_pages,
                        int max_batch_tokens, int max_logits_rows, std::optional<gdn::DType> state_dtype, int threads,
                        int gdn_chunk_min_tokens, int max_rollback_tokens, gdn::Backend backend, int device, bool cuda_graphs,
-                       gdn::MatmulInput matmul_input) {
+                       gdn::MatmulInput matmul_input, std::optional<gdn::DType> kv_dtype) {
              gdn::ContextParams p;
              p.max_sequences = max_sequences;
              p.max_context = max_context;
@@ -487,13 +487,15 @@ PYBIND11_MODULE(gdn, m) {
              p.device = device;
              p.cuda_graphs = cuda_graphs;
              p.matmul_input = matmul_input;
+             p.kv_dtype = kv_dtype;
              return std::make_unique<ContextHandle>(pm.model, p);
            }),
            "model"_a, py::kw_only(), "max_sequences"_a = d.max_sequences, "max_context"_a = d.max_context,
            "kv_page_size"_a = d.kv_page_size, "kv_pages"_a = d.kv_pages, "max_batch_tokens"_a = d.max_batch_tokens,
            "max_logits_rows"_a = d.max_logits_rows, "state_dtype"_a = py::none(), "threads"_a = d.threads,
            "gdn_chunk_min_tokens"_a = d.gdn_chunk_min_tokens, "max_rollback_tokens"_a = d.max_rollback_tokens,
-           "backend"_a = d.backend, "device"_a = d.device, "cuda_graphs"_a = d.cuda_graphs, "matmul_input"_a = d.matmul_input)
+           "backend"_a = d.backend, "device"_a = d.device, "cuda_graphs"_a = d.cuda_graphs, "matmul_input"_a = d.matmul_input,
+           "kv_dtype"_a = py::none())
       .def_property_readonly("model", [](const ContextHandle& c) { return ModelHandle{c.model}; })
       .def("hold", [](const ContextHandle& c) { return ContextHold{c.lock}; },
            "`with ctx.hold():` makes the calls of the block one turn: other threads wait until it ends. Nests; a "
@@ -647,11 +649,12 @@ PYBIND11_MODULE(gdn, m) {
       "memory_plan",
       [](const std::string& path, int max_sequences, int max_context, std::optional<gdn::DType> state_dtype,
          gdn::Backend backend, int max_batch_tokens, int max_rollback_tokens, int threads, const std::string& weights,
-         const std::optional<std::string>& packed_image) {
+         const std::optional<std::string>& packed_image, std::optional<gdn::DType> kv_dtype) {
         gdn::ContextParams p;
         p.max_sequences = max_sequences;
         p.max_context = max_context;
         p.state_dtype = state_dtype;
+        p.kv_dtype = kv_dtype;
         p.backend = backend;
         p.max_batch_tokens = max_batch_tokens;
         p.max_rollback_tokens = max_rollback_tokens;
@@ -668,7 +671,7 @@ PYBIND11_MODULE(gdn, m) {
       },
       "path"_a, py::kw_only(), "max_sequences"_a = 1, "max_context"_a = d.max_context, "state_dtype"_a = py::none(),
       "backend"_a = gdn::Backend::cpu, "max_batch_tokens"_a = d.max_batch_tokens, "max_rollback_tokens"_a = 0,
-      "threads"_a = 0, "weights"_a = "auto", "packed_image"_a = py::none(),
+      "threads"_a = 0, "weights"_a = "auto", "packed_image"_a = py::none(), "kv_dtype"_a = py::none(),
       "The memory plan of a checkpoint for these context parameters, from config.json and the safetensors headers only "
       "(no weight is read; `gdn info`): a dict of byte counts (weights, per-sequence GDN state, KV per token, rollback, "
       "work buffers, outputs, totals) and what loading would do with the weights.");

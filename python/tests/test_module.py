@@ -118,6 +118,26 @@ def test_bf16_matmul_inputs_stay_near_the_float32_reference():
         small_context(m, matmul_input="bf16")
 
 
+def test_bf16_kv_cache_halves_the_cache_and_stays_near_the_float32_reference():
+    # kv_dtype=bf16 rounds keys and values as they enter the cache (tests/test_model_fixtures.cpp
+    # bounds it on every fixture); here: the option reaches the engine, the plan and behaves.
+    ref = reference("qwen35_cond_mtp")
+    tokens = ref["prompt5.tokens"]
+    d = model_dir("qwen35_cond_mtp")
+    m = gdn.Model.load(d)
+    exact_ctx, bf16_ctx = small_context(m), small_context(m, kv_dtype=gdn.DType.bf16)
+    assert bf16_ctx.kv_bytes_per_token * 2 == exact_ctx.kv_bytes_per_token
+    assert gdn.memory_plan(d, kv_dtype=gdn.DType.bf16)["kv_dtype"] == "BF16"
+    assert gdn.memory_plan(d)["kv_dtype"] == "F32"
+    exact, rounded = prefill(exact_ctx, tokens), prefill(bf16_ctx, tokens)
+    want = ref["prompt5.logits"].reshape(exact.shape)
+    rms = float(np.sqrt(np.mean((rounded - want) ** 2)))
+    assert 0.0 < float(np.abs(rounded - exact).max()) and rms <= 0.05
+    assert np.array_equal(rounded, prefill(small_context(m, kv_dtype=gdn.DType.bf16), tokens))
+    with pytest.raises(TypeError):
+        small_context(m, kv_dtype="bf16")
+
+
 def test_logits_are_read_only_views_that_keep_the_context_alive():
     m = gdn.Model.load(model_dir("qwen35_tied"))
     ctx = small_context(m)

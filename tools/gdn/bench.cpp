@@ -47,6 +47,7 @@
 #include "alloc_count.hpp"
 #include "checkpoints.hpp"
 #include "commands.hpp"
+#include "context_flags.hpp"
 #include "backend/cpu/linear.hpp"
 #include "backend/cpu/prepared_weights.hpp"
 #include "backend/cpu/quant.hpp"
@@ -260,10 +261,7 @@ std::vector<DType> parse_kv_dtypes(const std::string& list) {
   std::size_t at = 0;
   while (at <= list.size()) {
     const std::size_t end = std::min(list.find(',', at), list.size());
-    const std::string v = list.substr(at, end - at);
-    if (v == "f32") out.push_back(DType::f32);
-    else if (v == "bf16") out.push_back(DType::bf16);
-    else throw Error(Status::invalid_argument, fmt::format("--kv-dtypes: '{}' is not f32 or bf16", v));
+    out.push_back(cli::parse_element_dtype("--kv-dtypes", list.substr(at, end - at)));
     at = end + 1;
   }
   return out;

@@ -1,6 +1,7 @@
 // gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--max-tokens N]
-//              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs] [--backend cpu|cuda]
+//              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs] [--state-dtype f32|bf16]
+//              [--kv-dtype f32|bf16] [--backend cpu|cuda]
 //              [--pack | --in-place | --image FILE] [--quant q8_0|q4_0]   (the CPU backend's weights; CUDA uploads its own copy)
 //
 // Streams the generated text to stdout as it is produced; the model-loading progress bar and the
@@ -11,12 +12,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "context_flags.hpp"
 #include "load_flags.hpp"
 #include "gdn/gdn.hpp"
 #include "gdn/io/tokenizer.hpp"
@@ -31,12 +34,14 @@ int usage() {
       "usage: gdn generate MODEL_DIR --prompt TEXT [--chat] [--think] [--system TEXT]\n"
       "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
       "                    [--seed S] [--max-tokens N] [--stop STRING]... [--mtp K] [--threads N]\n"
-      "                    [--bf16-inputs] [--backend cpu|cuda] [--pack | --in-place | --image FILE] [--quant q8_0|q4_0]\n"
+      "                    [--bf16-inputs] [--state-dtype f32|bf16] [--kv-dtype f32|bf16] [--backend cpu|cuda]\n"
+      "                    [--pack | --in-place | --image FILE] [--quant q8_0|q4_0]\n"
       "  --chat      wrap the prompt in the model's chat template (stops at <|im_end|>)\n"
       "  --think     with --chat, leave thinking on (default: off)\n"
       "  --temp 0    greedy (the default); > 0 samples\n"
       "  --mtp K     speculative decoding with the checkpoint's MTP head, up to K drafts per step\n"
       "  --bf16-inputs  round activations to bf16 before each projection (faster prefill on AVX-512-BF16)\n"
+      "  --kv-dtype  the KV cache's element type (CPU default f32; bf16 halves it and its read at long context)\n"
       "  --backend   cpu (default) or cuda (an NVIDIA GPU: bf16 activations, see docs/cuda.md)\n",
       stderr);
   return 2;
@@ -64,9 +69,11 @@ int generate(int argc, char** argv) {
   int threads = 0;
   MatmulInput matmul_input = MatmulInput::float32;
   ModelParams load_flags;
+  std::optional<DType> state_dtype, kv_dtype;
   Backend backend = Backend::cpu;
   for (int i = 1; i < argc; ++i) {
     if (parse_load_flag(argc, argv, i, load_flags)) continue;
+    if (parse_context_flag(argc, argv, i, state_dtype, kv_dtype)) continue;
     const std::string_view a = argv[i];
     const bool v = i + 1 < argc;
     if (a == "--prompt" && v) prompt = argv[++i];
@@ -93,9 +100,7 @@ int generate(int argc, char** argv) {
   if (!std::filesystem::exists(tok_path))
     throw Error(Status::io_error, fmt::format("'{}' has no tokenizer.json; gdn generate needs one", dir));
   const Tokenizer tok = Tokenizer::load(tok_path);
-  ModelParams mp;
-  mp.weights = load_flags.weights;
-  mp.packed_image = load_flags.packed_image;
+  ModelParams mp = load_flags;  // --pack / --in-place / --image / --quant
   mp.backend = backend;
   mp.progress = progress_bar;  // packing (or uploading) the weights reads them all
   auto model = Model::load(dir, mp);
@@ -123,6 +128,8 @@ int generate(int argc, char** argv) {
   cp.max_context = static_cast<int>(ids.size()) + gp.max_tokens + gp.mtp_draft + 2;
   cp.threads = threads;
   cp.matmul_input = matmul_input;
+  cp.state_dtype = state_dtype;
+  cp.kv_dtype = kv_dtype;
   cp.backend = backend;
   cp.max_rollback_tokens = gp.mtp_draft > 0 ? gp.mtp_draft + 1 : 0;
   cp.max_batch_tokens = std::max(256, cp.max_rollback_tokens);

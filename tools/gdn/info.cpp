@@ -1,4 +1,4 @@
-// gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--backend cpu|cuda]
+// gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--kv-dtype f32|bf16] [--backend cpu|cuda]
 //                   [--max-batch-tokens N] [--max-rollback-tokens N] [--threads N]
 //                   [--pack | --in-place | --image FILE] [--quant q8_0|q4_0] [--json]
 //
@@ -18,6 +18,7 @@
 #include "commands.hpp"
 #include "gdn/core/error.hpp"
 #include "gdn/model/memory_plan.hpp"
+#include "context_flags.hpp"
 #include "load_flags.hpp"
 
 namespace gdn::cli {
@@ -35,7 +36,7 @@ std::string count(std::int64_t n) {
 
 int info(int argc, char** argv) {
   const auto usage = [] {
-    std::fputs("usage: gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16]\n"
+    std::fputs("usage: gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--kv-dtype f32|bf16]\n"
                "                [--backend cpu|cuda] [--max-batch-tokens N] [--max-rollback-tokens N] [--threads N]\n"
                "                [--pack | --in-place | --image FILE] [--quant q8_0|q4_0] [--json]\n",
                stderr);
@@ -57,12 +58,8 @@ int info(int argc, char** argv) {
     else if (a == "--max-rollback-tokens" && v) cp.max_rollback_tokens = std::atoi(argv[++i]);
     else if (a == "--threads" && v) cp.threads = std::atoi(argv[++i]);
     else if (a == "--json") json_out = true;
-    else if (a == "--state-dtype" && v) {
-      const std::string_view s = argv[++i];
-      if (s == "f32") cp.state_dtype = DType::f32;
-      else if (s == "bf16") cp.state_dtype = DType::bf16;
-      else throw Error(Status::invalid_argument, fmt::format("--state-dtype: '{}' is not f32 or bf16", s));
-    } else if (a == "--backend" && v) {
+    else if (parse_context_flag(argc, argv, i, cp)) continue;
+    else if (a == "--backend" && v) {
       const std::string_view s = argv[++i];
       if (s == "cpu") cp.backend = Backend::cpu;
       else if (s == "cuda") cp.backend = Backend::cuda;

@@ -34,6 +34,7 @@
 #include "gdn/io/npy.hpp"
 #include "checkpoints.hpp"
 #include "commands.hpp"
+#include "context_flags.hpp"
 #include "load_flags.hpp"
 #include "run_stats.hpp"
 
@@ -42,8 +43,10 @@ namespace {
 int usage() {
   std::fputs(
       "usage:\n"
-      "  gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--backend cpu|cuda] [--json]\n"
-      "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16] [--stats]\n"
+      "  gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--kv-dtype f32|bf16]\n"
+      "                    [--backend cpu|cuda] [--json]\n"
+      "  gdn logits MODEL_DIR --tokens ID,ID,... [--out FILE.npy] [--threads N] [--state-dtype f32|bf16] [--kv-dtype f32|bf16]\n"
+      "                      [--stats]\n"
       "                      [--backend cpu|cuda]\n"
       "  gdn pack MODEL_DIR [--out FILE]   the packed weight image (then mapped by every load)\n"
       "  gdn make-checkpoint --shape 0.8b|2b|27b|tiny [--sparse] [--shards N] DIR\n"
@@ -93,14 +96,8 @@ int cmd_logits(const std::string& dir, int argc, char** argv) {
     else if (a == "--out" && has_value) out = argv[++i];
     else if (a == "--threads" && has_value) p.threads = std::atoi(argv[++i]);
     else if (a == "--backend" && has_value) load.backend = p.backend = gdn::cli::parse_backend(argv[++i]);
-    else if (a == "--state-dtype" && has_value) {
-      const std::string_view v = argv[++i];
-      if (v == "f32") p.state_dtype = gdn::DType::f32;
-      else if (v == "bf16") p.state_dtype = gdn::DType::bf16;
-      else throw gdn::Error(gdn::Status::invalid_argument, fmt::format("--state-dtype: '{}' is not f32 or bf16", v));
-    } else {
-      return usage();
-    }
+    else if (gdn::cli::parse_context_flag(argc, argv, i, p)) continue;
+    else return usage();
   }
   if (tokens.empty()) return usage();
   const auto t0 = std::chrono::steady_clock::now();

@@ -36,6 +36,7 @@
 #include <httplib.h>
 
 #include "commands.hpp"
+#include "context_flags.hpp"
 #include "load_flags.hpp"
 #include "gdn/core/error.hpp"
 #include "gdn/model/model.hpp"
@@ -53,6 +54,7 @@ int usage() {
       "                 [--max-sequences 8] [--max-context 4096] [--max-queue 64] [--cache-bytes 1G]\n"
       "                 [--cache-interval 512] [--mtp K [--mtp-fixed]] [--step-tokens 256] [--threads N] [--backend cpu|cuda]\n"
       "                 [--device N] [--max-body-bytes 8M] [--shutdown-timeout 10] [--http-threads N]\n"
+      "                 [--state-dtype f32|bf16] [--kv-dtype f32|bf16]   the context's state and KV cache element types\n"
       "                 [--pack | --in-place | --image FILE] [--quant q8_0|q4_0]   where the CPU backend reads the weights (gdn pack)\n"
       "  --port 0           pick a free port (printed on stdout: 'listening on http://HOST:PORT')\n"
       "  --cache-bytes B    memory for the prefix cache (snapshots and the KV pages they keep); 0 disables it\n"
@@ -590,6 +592,7 @@ int serve(int argc, char** argv) {
     else if (a == "--verbose") o.verbose = true;
     else if (a == "--backend" && v) o.engine.backend = parse_backend(argv[++i]);
     else if (parse_load_flag(argc, argv, i, o.load)) continue;
+    else if (parse_context_flag(argc, argv, i, o.engine.state_dtype, o.engine.kv_dtype)) continue;
     else {
       fmt::print(stderr, "gdn serve: unknown argument '{}'\n", a);
       return usage();

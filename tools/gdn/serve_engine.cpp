@@ -82,6 +82,8 @@ ContextParams serve_context_params(const std::shared_ptr<const Model>& model, co
   p.threads = config.threads;
   p.backend = config.backend;
   p.device = config.device;
+  p.state_dtype = config.state_dtype;
+  p.kv_dtype = config.kv_dtype;
   // Per-token recurrence for every GDN segment: a sequence's numbers then do not depend on how its
   // tokens were split into steps (chunk boundaries would), which is what lets a cache hit at any
   // token and a prefill chunked under the budget reproduce a cold run bit for bit.
@@ -98,6 +100,7 @@ ContextParams serve_context_params(const std::shared_ptr<const Model>& model, co
     // form of every weight just to learn one number, and the backends store KV differently.
     probe.backend = config.backend;
     probe.device = config.device;
+    probe.kv_dtype = config.kv_dtype;
     probe.threads = 1;
     const std::int64_t kv_token = Context(model, probe).kv_bytes_per_token();
     const std::int64_t per_seq = (config.max_context + p.kv_page_size - 1) / p.kv_page_size;

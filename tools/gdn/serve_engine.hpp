@@ -29,6 +29,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +56,8 @@ struct EngineConfig {
   int threads = 0;
   Backend backend = Backend::cpu;
   int device = 0;
+  std::optional<DType> state_dtype;         // ContextParams::state_dtype (default: the checkpoint's)
+  std::optional<DType> kv_dtype;            // ContextParams::kv_dtype (default: the backend's)
 };
 
 enum class Finish { none, stop, length, cancelled, error };

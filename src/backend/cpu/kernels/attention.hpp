@@ -115,11 +115,38 @@ inline void attention_accumulate_values(float* const* o, float* const* p, const 
     }
 }
 
-// The query heads of one row against one block of positions, G at a time (G ≤ 4 a constant).
+// Pulls one key row and one value row towards L2. A page holds 16 positions of a head: runs of a
+// few KiB, too short for the hardware prefetcher to ramp up on before the stream jumps to the next
+// page, so decode at long context waited on memory between pages.
+template <typename T>
+inline void prefetch_kv_row(const T* k, const T* v, int hd) {
+  const auto* kc = reinterpret_cast<const char*>(k);
+  const auto* vc = reinterpret_cast<const char*>(v);
+  const int bytes = hd * static_cast<int>(sizeof(T));
+  for (int off = 0; off < bytes; off += 64) {
+    __builtin_prefetch(kc + off, 0, 2);
+    __builtin_prefetch(vc + off, 0, 2);
+  }
+}
+
+// Rows of the block after the one being computed, to prefetch while computing it (n = 0: none).
+template <typename T>
+struct KvPrefetch {
+  const T* const* k;
+  const T* const* v;
+  int n;
+};
+
+// The query heads of one row against one block of positions, G at a time (G ≤ 4 a constant),
+// prefetching `next` as the keys are read.
 template <int G, typename T>
 inline void attention_heads(const float* const* qv, float* const* o, float* const* sc, const T* const* kp, const T* const* vp,
-                            int n, int hd, float scale, float* mx, float* sum) {
-  for (int j = 0; j < n; ++j) attention_dot_heads<G>(qv, kp[j], hd, scale, sc, j);
+                            int n, int hd, float scale, float* mx, float* sum, KvPrefetch<T> next) {
+  for (int j = 0; j < n; ++j) {
+    if (j < next.n) prefetch_kv_row(next.k[j], next.v[j], hd);
+    attention_dot_heads<G>(qv, kp[j], hd, scale, sc, j);
+  }
+  for (int j = n; j < next.n; ++j) prefetch_kv_row(next.k[j], next.v[j], hd);
   for (int e = 0; e < G; ++e) {
     float bmax = -INFINITY;
     for (int j = 0; j < n; ++j) bmax = std::max(bmax, sc[e][j]);
@@ -148,8 +175,7 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
                    float* stats) {
   const int ps = kv.page_size();
   constexpr int pos_block = 64;
-  const T* kp[pos_block];
-  const T* vp[pos_block];
+  const T* kv_rows[2][2][pos_block];  // [this block, the next][keys, values]
   const int nq = static_cast<int>((r1 - r0) * group);
   float* mx = stats;
   float* sum = stats + nq;
@@ -162,14 +188,22 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
     std::fill(o, o + hd, 0.0f);
   }
   const std::int64_t max_len = s.pos + r1;
-  for (std::int64_t j0 = 0; j0 < max_len; j0 += pos_block) {
-    const int nb = static_cast<int>(std::min<std::int64_t>(pos_block, max_len - j0));
+  const auto block_rows = [&](std::int64_t j0, const T** kr, const T** vr) {
+    const int nb = static_cast<int>(std::clamp<std::int64_t>(max_len - j0, 0, pos_block));
     for (int j = 0; j < nb; ++j) {
       const std::int64_t pos = j0 + j;
       const std::int32_t page = pages[static_cast<std::size_t>(pos / ps)];
-      kp[j] = kv.keys<T>(page, kv_layer, g) + (pos % ps) * hd;
-      vp[j] = kv.values<T>(page, kv_layer, g) + (pos % ps) * hd;
+      kr[j] = kv.keys<T>(page, kv_layer, g) + (pos % ps) * hd;
+      vr[j] = kv.values<T>(page, kv_layer, g) + (pos % ps) * hd;
     }
+    return nb;
+  };
+  int nb_next = block_rows(0, kv_rows[1][0], kv_rows[1][1]);
+  for (std::int64_t j0 = 0, blk = 0; j0 < max_len; j0 += pos_block, ++blk) {
+    const T* const* kp = kv_rows[(blk + 1) % 2][0];
+    const T* const* vp = kv_rows[(blk + 1) % 2][1];
+    nb_next = block_rows(j0 + pos_block, kv_rows[blk % 2][0], kv_rows[blk % 2][1]);
+    bool prefetched = false;  // the first row that reads this block prefetches the next
     for (std::int64_t t = r0; t < r1; ++t) {
       const std::int64_t len = s.pos + t + 1;
       if (len <= j0) continue;
@@ -187,11 +221,13 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
           sc[e] = scb + e * pos_block;
         }
         const int q0 = static_cast<int>(t - r0) * group + h0;
+        const KvPrefetch<T> next{kv_rows[blk % 2][0], kv_rows[blk % 2][1], prefetched ? 0 : nb_next};
+        prefetched = true;
         switch (G) {
-          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0); break;
-          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0); break;
-          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0); break;
-          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0); break;
+          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next); break;
+          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next); break;
+          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next); break;
+          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next); break;
         }
       }
     }
