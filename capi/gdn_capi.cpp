@@ -278,6 +278,16 @@ void init_struct(S* p, const S& defaults, std::uint32_t v1, const char* type) {
   write_struct(p, defaults, v1, type);
 }
 
+// gdn_state_dtype and gdn_kv_dtype share their values: DEFAULT (0) leaves the choice to the library.
+std::optional<gdn::DType> to_dtype(int value, const char* field, const char* type) {
+  switch (value) {
+    case 0: return std::nullopt;
+    case 1: return gdn::DType::f32;
+    case 2: return gdn::DType::bf16;
+    default: invalid(std::string(field) + " " + std::to_string(value) + " is not a " + type);
+  }
+}
+
 gdn::ContextParams to_cpp(const gdn_context_params& p) {
   gdn::ContextParams cp;
   cp.max_sequences = p.max_sequences;
@@ -286,24 +296,14 @@ gdn::ContextParams to_cpp(const gdn_context_params& p) {
   cp.kv_pages = p.kv_pages;
   cp.max_batch_tokens = p.max_batch_tokens;
   cp.max_logits_rows = p.max_logits_rows;
-  switch (enum_int(p.state_dtype)) {
-    case GDN_STATE_DTYPE_DEFAULT: break;
-    case GDN_STATE_DTYPE_F32: cp.state_dtype = gdn::DType::f32; break;
-    case GDN_STATE_DTYPE_BF16: cp.state_dtype = gdn::DType::bf16; break;
-    default: invalid("state_dtype " + std::to_string(enum_int(p.state_dtype)) + " is not a gdn_state_dtype");
-  }
+  cp.state_dtype = to_dtype(enum_int(p.state_dtype), "state_dtype", "gdn_state_dtype");
   cp.threads = p.threads;
   cp.gdn_chunk_min_tokens = p.gdn_chunk_min_tokens;
   cp.max_rollback_tokens = p.max_rollback_tokens;
   cp.backend = to_backend(p.backend);
   cp.device = p.device;
   cp.cuda_graphs = p.cuda_graphs;
-  switch (enum_int(p.kv_dtype)) {
-    case GDN_KV_DTYPE_DEFAULT: break;
-    case GDN_KV_DTYPE_F32: cp.kv_dtype = gdn::DType::f32; break;
-    case GDN_KV_DTYPE_BF16: cp.kv_dtype = gdn::DType::bf16; break;
-    default: invalid("kv_dtype " + std::to_string(enum_int(p.kv_dtype)) + " is not a gdn_kv_dtype");
-  }
+  cp.kv_dtype = to_dtype(enum_int(p.kv_dtype), "kv_dtype", "gdn_kv_dtype");
   switch (enum_int(p.matmul_input)) {
     case GDN_MATMUL_INPUT_FLOAT32: cp.matmul_input = gdn::MatmulInput::float32; break;
     case GDN_MATMUL_INPUT_BF16: cp.matmul_input = gdn::MatmulInput::bf16; break;

@@ -50,6 +50,21 @@ gdn_context_params small_c_params(int sequences = 3) {
   return p;
 }
 
+std::int32_t vocab_size(const gdn_model* m) {
+  gdn_model_config cfg;
+  cfg.size = sizeof cfg;
+  REQUIRE(gdn_model_get_config(m, &cfg) == GDN_STATUS_OK);
+  return cfg.vocab_size;
+}
+
+// gdn_context_create refuses `p` with INVALID_ARGUMENT, leaves no context and says `why`.
+void check_refused(gdn_model* m, const gdn_context_params& p, const char* why) {
+  gdn_context* c = nullptr;
+  CHECK(gdn_context_create(m, &p, &c) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK(c == nullptr);
+  CHECK_THAT(last_error(), Catch::Contains(why));
+}
+
 ContextParams small_cpp_params(int sequences = 3) {
   ContextParams p;
   p.max_sequences = sequences;
@@ -260,13 +275,11 @@ TEST_CASE("matmul_input through C: bf16 equals the C++ context bit for bit; an o
   CModel cm("qwen35_cond_mtp");
   test::Reference ref("qwen35_cond_mtp");
   const auto tokens = ref.tokens("prompt4.tokens");
-  gdn_model_config cfg;
-  cfg.size = sizeof cfg;
-  REQUIRE(gdn_model_get_config(cm.m, &cfg) == GDN_STATUS_OK);
+  const std::int32_t V = vocab_size(cm.m);
   CHECK(gdn_context_default_params().matmul_input == GDN_MATMUL_INPUT_FLOAT32);
   const auto c_logits = [&](gdn_context_params p) {
     CContext cc(cm.m, p);
-    return c_prefill(cc.c, tokens, cfg.vocab_size);
+    return c_prefill(cc.c, tokens, V);
   };
   gdn_context_params bf = small_c_params();
   bf.matmul_input = GDN_MATMUL_INPUT_BF16;
@@ -278,26 +291,21 @@ TEST_CASE("matmul_input through C: bf16 equals the C++ context bit for bit; an o
   cpp.matmul_input = MatmulInput::bf16;
   Context ctx(Model::load(test::fixture_model("qwen35_cond_mtp")), cpp);
   const auto cpp_bf16 = test::prefill_logits(ctx, tokens);
-  const std::size_t last = c_bf16.size() - static_cast<std::size_t>(cfg.vocab_size);
+  const std::size_t last = c_bf16.size() - static_cast<std::size_t>(V);
   REQUIRE(cpp_bf16.size() == c_bf16.size());
   CHECK(std::memcmp(c_bf16.data(), cpp_bf16.data(), c_bf16.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(c_old.data(), c_f32.data(), c_f32.size() * sizeof(float)) == 0);
-  CHECK(test::max_abs_diff(c_bf16.data() + last, c_f32.data() + last, static_cast<std::size_t>(cfg.vocab_size)) > 0.0f);
+  CHECK(test::max_abs_diff(c_bf16.data() + last, c_f32.data() + last, static_cast<std::size_t>(V)) > 0.0f);
   gdn_context_params bad = small_c_params();
   bad.matmul_input = static_cast<gdn_matmul_input>(7);
-  gdn_context* c = nullptr;
-  CHECK(gdn_context_create(cm.m, &bad, &c) == GDN_STATUS_INVALID_ARGUMENT);
-  CHECK(c == nullptr);
-  CHECK_THAT(last_error(), Catch::Contains("matmul_input 7"));
+  check_refused(cm.m, bad, "matmul_input 7");
 }
 
 TEST_CASE("kv_dtype through C: bf16 equals the C++ context bit for bit and halves the KV bytes; an older struct gets float32", "[capi][fixtures]") {
   CModel cm("qwen35_cond_mtp");
   test::Reference ref("qwen35_cond_mtp");
   const auto tokens = ref.tokens("prompt4.tokens");
-  gdn_model_config cfg;
-  cfg.size = sizeof cfg;
-  REQUIRE(gdn_model_get_config(cm.m, &cfg) == GDN_STATUS_OK);
+  const std::int32_t V = vocab_size(cm.m);
   CHECK(gdn_context_default_params().kv_dtype == GDN_KV_DTYPE_DEFAULT);
   const auto kv_bytes = [](gdn_context* c) {
     gdn_context_memory m;
@@ -316,8 +324,8 @@ TEST_CASE("kv_dtype through C: bf16 equals the C++ context bit for bit and halve
   CHECK(kv_bytes(c_bf.c) * 2 == kv_bytes(c_f32.c));
   CHECK(kv_bytes(c_old.c) == kv_bytes(c_f32.c));
   CHECK(kv_bytes(c_def.c) == kv_bytes(c_f32.c));  // the CPU default is float32
-  const auto l_bf = c_prefill(c_bf.c, tokens, cfg.vocab_size), l_f32 = c_prefill(c_f32.c, tokens, cfg.vocab_size);
-  const auto l_old = c_prefill(c_old.c, tokens, cfg.vocab_size);
+  const auto l_bf = c_prefill(c_bf.c, tokens, V), l_f32 = c_prefill(c_f32.c, tokens, V);
+  const auto l_old = c_prefill(c_old.c, tokens, V);
   ContextParams cpp = small_cpp_params();
   cpp.kv_dtype = DType::bf16;
   Context ctx(Model::load(test::fixture_model("qwen35_cond_mtp")), cpp);
@@ -325,14 +333,11 @@ TEST_CASE("kv_dtype through C: bf16 equals the C++ context bit for bit and halve
   REQUIRE(cpp_bf.size() == l_bf.size());
   CHECK(std::memcmp(l_bf.data(), cpp_bf.data(), l_bf.size() * sizeof(float)) == 0);
   CHECK(std::memcmp(l_old.data(), l_f32.data(), l_f32.size() * sizeof(float)) == 0);
-  const std::size_t last = l_bf.size() - static_cast<std::size_t>(cfg.vocab_size);
-  CHECK(test::max_abs_diff(l_bf.data() + last, l_f32.data() + last, static_cast<std::size_t>(cfg.vocab_size)) > 0.0f);
+  const std::size_t last = l_bf.size() - static_cast<std::size_t>(V);
+  CHECK(test::max_abs_diff(l_bf.data() + last, l_f32.data() + last, static_cast<std::size_t>(V)) > 0.0f);
   gdn_context_params bad = small_c_params();
   bad.kv_dtype = static_cast<gdn_kv_dtype>(9);
-  gdn_context* c = nullptr;
-  CHECK(gdn_context_create(cm.m, &bad, &c) == GDN_STATUS_INVALID_ARGUMENT);
-  CHECK(c == nullptr);
-  CHECK_THAT(last_error(), Catch::Contains("kv_dtype 9"));
+  check_refused(cm.m, bad, "kv_dtype 9");
 }
 
 TEST_CASE("an output pointer used past a step that grows the output buffer reads stale data, not freed memory", "[capi]") {

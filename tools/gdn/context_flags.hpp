@@ -14,8 +14,6 @@
 
 namespace gdn::cli {
 
-inline constexpr const char* context_flags_usage = "[--state-dtype f32|bf16] [--kv-dtype f32|bf16]";
-
 inline DType parse_element_dtype(std::string_view flag, std::string_view v) {
   if (v == "f32") return DType::f32;
   if (v == "bf16") return DType::bf16;
