@@ -64,6 +64,7 @@ const TargetKernels GDN_CPU_CAT(GDN_CPU_TARGET, _kernels){
     &GDN_CPU_TARGET::causal_conv1d_silu,
     &GDN_CPU_TARGET::rms_norm,
     &GDN_CPU_TARGET::rms_norm_gated,
+    &GDN_CPU_TARGET::attention,
 };
 
 }  // namespace gdn::cpu

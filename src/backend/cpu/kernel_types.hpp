@@ -21,6 +21,14 @@ struct DeltaRuleInput {
   int dv = 0;
 };
 
+// Where the attention kernel (kernels/attention.hpp) reads queries and gates and writes outputs.
+struct AttentionRows {
+  float* q;           // [rows][Hq·hd]: normed, rotated queries (a task may reorder its own; see to_pair_order)
+  const float* gate;  // head h of row r at gate + r·ld_gate + 2h·hd + hd (q_proj's layout)
+  std::int64_t ld_gate;
+  float* core;        // [rows][Hq·hd]: gated attention output
+};
+
 // Working memory of the delta rule for one thread, sized once for the model's head dims; the
 // kernels never allocate.
 class DeltaRuleScratch {

@@ -8,6 +8,7 @@
 
 #include "../backend.hpp"
 #include "kernel_types.hpp"
+#include "kv_store.hpp"
 
 namespace gdn::cpu {
 
@@ -29,6 +30,11 @@ struct TargetKernels {
                              float* state, float* out, std::int64_t ld_out, std::int64_t c0, std::int64_t c1);
   void (*rms_norm)(const float* x, const float* scale, float* y, std::int64_t n, float eps);
   void (*rms_norm_gated)(const float* x, const float* z, const float* w, float* y, std::int64_t n, float eps);
+  // Gated causal attention of rows [r0, r1) of segment s for kv head g over the keys and values of
+  // `pages` in `kv` (either dtype); stats: 2·(r1 − r0)·group floats of scratch.
+  void (*attention)(const KvStore& kv, int kv_layer, int g, const std::vector<std::int32_t>& pages, const PassSegment& s,
+                    std::int64_t r0, std::int64_t r1, int Hq, int hd, int group, float scale, const AttentionRows& rows,
+                    float* stats);
 };
 
 // The target this process runs (from linear_kernel(): amx, avx512bf16 and avx512 run avx512).

@@ -11,108 +11,21 @@
 #error "a fragment of a CPU target region: include it from forward_impl.hpp"
 #endif
 
-// Where attend() reads queries and gates and writes outputs.
-struct AttentionRows {
-  const float* q;       // [rows][Hq·hd]: normed, rotated queries
-  const float* gate;    // head h of row r at gate + r·ld_gate + 2h·hd + hd (q_proj's layout)
-  std::int64_t ld_gate;
-  float* core;          // [rows][Hq·hd]: gated attention output
-};
-
 // KV elements as float32: exact for both store dtypes (a bf16 is the upper half of a float).
 inline float kv_float(float v) { return v; }
 inline float kv_float(bf16 v) { return to_float(v); }
-#if GDN_CPU_AVX512
-inline __m512 kv_load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 kv_load16(const bf16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-#endif
 
-// Σ a[i]·b[i] of a float query against a stored key, 16 lanes then in order (vec::dot's generic
-// order, so a float32 store gives the same sums as before the store had a dtype).
+// Σ a[i]·b[i] of a float query against a stored key, 16 lanes then in order (the generic path).
 template <typename T>
 inline float kv_dot(const float* a, const T* b, int n) {
-  if constexpr (std::is_same_v<T, float>) {
-    return vec::dot(a, b, n);
-  } else {
-    float lanes[16] = {};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-      for (int j = 0; j < 16; ++j) lanes[j] += a[i + j] * kv_float(b[i + j]);
-    float total = 0.0f;
-    for (int j = 0; j < 16; ++j) total += lanes[j];
-    for (; i < n; ++i) total += a[i] * kv_float(b[i]);
-    return total;
-  }
-}
-
-// sc[e][j] = scale · q[e]·k for G query vectors against one key row. The accumulators are four
-// 16-lane partial sums per query (chunk c of 16 goes to sum c mod 4), held in registers: G is a
-// template argument so every index is a constant.
-template <int G, typename T>
-inline void attention_dot_heads(const float* const* q, const T* k, int hd, float scale, float* const* sc, int j) {
-#if GDN_CPU_AVX512
-  if (hd % 16 == 0) {
-    __m512 acc[G][4];
-    for (int e = 0; e < G; ++e)
-      for (int u = 0; u < 4; ++u) acc[e][u] = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 64 <= hd; i += 64)
-      for (int u = 0; u < 4; ++u) {
-        const __m512 kv = kv_load16(k + i + 16 * u);
-        for (int e = 0; e < G; ++e) acc[e][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q[e] + i + 16 * u), kv, acc[e][u]);
-      }
-    for (int u = 0; u < 3; ++u, i += 16) {  // the last hd mod 64 dims, at most three chunks
-      if (i >= hd) break;
-      const __m512 kv = kv_load16(k + i);
-      for (int e = 0; e < G; ++e) acc[e][u] = _mm512_fmadd_ps(_mm512_loadu_ps(q[e] + i), kv, acc[e][u]);
-    }
-    for (int e = 0; e < G; ++e)
-      sc[e][j] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[e][0], acc[e][1]), _mm512_add_ps(acc[e][2], acc[e][3]))) * scale;
-    return;
-  }
-#endif
-  for (int e = 0; e < G; ++e) sc[e][j] = kv_dot(q[e], k, hd) * scale;
-}
-
-// o[e] += Σ_j p[e][j] · v_j for G outputs, each element summing positions in order. Value rows are
-// read front to back, four at a time (the outputs go through L1 once per four rows, not once per
-// row), so the stream from memory is sequential within a page.
-template <int G, typename T>
-inline void attention_accumulate_values(float* const* o, float* const* p, const T* const* v, int n, int hd) {
-#if GDN_CPU_AVX512
-  if (hd % 16 == 0) {
-    int j = 0;
-    for (; j + 4 <= n; j += 4) {
-      __m512 w[G][4];
-      for (int e = 0; e < G; ++e)
-        for (int r = 0; r < 4; ++r) w[e][r] = _mm512_set1_ps(p[e][j + r]);
-      for (int c = 0; c < hd; c += 16) {
-        __m512 acc[G];
-        for (int e = 0; e < G; ++e) acc[e] = _mm512_loadu_ps(o[e] + c);
-        for (int r = 0; r < 4; ++r) {
-          const __m512 vv = kv_load16(v[j + r] + c);
-          for (int e = 0; e < G; ++e) acc[e] = _mm512_fmadd_ps(w[e][r], vv, acc[e]);
-        }
-        for (int e = 0; e < G; ++e) _mm512_storeu_ps(o[e] + c, acc[e]);
-      }
-    }
-    for (; j < n; ++j)
-      for (int c = 0; c < hd; c += 16) {
-        const __m512 vv = kv_load16(v[j] + c);
-        for (int e = 0; e < G; ++e)
-          _mm512_storeu_ps(o[e] + c, _mm512_fmadd_ps(_mm512_set1_ps(p[e][j]), vv, _mm512_loadu_ps(o[e] + c)));
-      }
-    return;
-  }
-#endif
-  for (int e = 0; e < G; ++e)
-    for (int j = 0; j < n; ++j) {
-      const float a = p[e][j];
-      for (int i = 0; i < hd; ++i) o[e][i] += a * kv_float(v[j][i]);
-    }
+  float lanes[16] = {};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) lanes[j] += a[i + j] * kv_float(b[i + j]);
+  float total = 0.0f;
+  for (int j = 0; j < 16; ++j) total += lanes[j];
+  for (; i < n; ++i) total += a[i] * kv_float(b[i]);
+  return total;
 }
 
 // Pulls one key row and one value row towards L2. A page holds 16 positions of a head: runs of a
@@ -137,31 +50,213 @@ struct KvPrefetch {
   int n;
 };
 
-// The query heads of one row against one block of positions, G at a time (G ≤ 4 a constant),
-// prefetching `next` as the keys are read.
+// The vector path's order for a bf16 cache (kv_load32 below): per 32 elements, the 16 even ones,
+// then the 16 odd. A task puts its query vectors in it before their dot products with bf16 keys,
+// and its outputs accumulate bf16 values in it until they are put back, so every product pairs the
+// same elements as in natural order and every sum runs in the same order.
+template <typename T>
+inline constexpr bool kv_pair_order = std::is_same_v<T, bf16>;
+
+inline void to_pair_order(float* x, int n) {
+  for (int c = 0; c + 32 <= n; c += 32) {
+    float t[32];
+    for (int i = 0; i < 16; ++i) {
+      t[i] = x[c + 2 * i];
+      t[16 + i] = x[c + 2 * i + 1];
+    }
+    std::copy_n(t, 32, x + c);
+  }
+}
+inline void from_pair_order(float* x, int n) {
+  for (int c = 0; c + 32 <= n; c += 32) {
+    float t[32];
+    for (int i = 0; i < 16; ++i) {
+      t[2 * i] = x[c + i];
+      t[2 * i + 1] = x[c + 16 + i];
+    }
+    std::copy_n(t, 32, x + c);
+  }
+}
+
+#if GDN_CPU_AVX512
+// The vector path reads stored rows 32 elements at a time as two float vectors. A float32 row's two
+// halves load as they are; a bf16 row's even and odd elements (pair order) come out of one 64-byte
+// load by a 16-bit shift and a mask, with no widening instruction: decode with a bf16 cache is
+// otherwise bound by the conversions, not by memory.
+inline void kv_load32(const float* p, __m512& a, __m512& b) {
+  a = _mm512_loadu_ps(p);
+  b = _mm512_loadu_ps(p + 16);
+}
+inline void kv_load32(const bf16* p, __m512& a, __m512& b) {
+  const __m512i x = _mm512_loadu_si512(p);
+  a = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  b = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// The lane sums of 16 vectors in one vector: lane 4u + m holds the sum of v[4m + u]. A transpose
+// tree (halves, quarters, pairs, singles), 45 operations instead of 16 horizontal reductions;
+// each sum's additions depend only on its own vector's lanes.
+inline __m512 reduce16(__m512* v) {
+  for (int i = 0; i < 8; ++i)
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)
+    v[i] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// sc[e][j] = scale · q[e]·k_j for G ≤ 4 query vectors against n key rows, four rows at a time:
+// each key chunk is loaded once for the G queries and each query chunk once for the four rows,
+// 4·G accumulators (one chain per dot product, chunk by chunk) then one reduce16. A group short
+// of four rows repeats its last row and drops those sums. hd is a multiple of 32.
 template <int G, typename T>
-inline void attention_heads(const float* const* qv, float* const* o, float* const* sc, const T* const* kp, const T* const* vp,
-                            int n, int hd, float scale, float* mx, float* sum, KvPrefetch<T> next) {
+inline void attention_scores(const float* const* q, const T* const* k, int n, int hd, float scale, float* const* sc,
+                             KvPrefetch<T> next) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int j = 0; j < n; j += 4) {
+    for (int r = j; r < std::min(j + 4, next.n); ++r) prefetch_kv_row(next.k[r], next.v[r], hd);
+    const T* kr[4];
+    for (int r = 0; r < 4; ++r) kr[r] = k[std::min(j + r, n - 1)];
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < hd; i += 32) {
+      __m512 qa[G], qb[G];
+      for (int e = 0; e < G; ++e) {
+        qa[e] = _mm512_loadu_ps(q[e] + i);
+        qb[e] = _mm512_loadu_ps(q[e] + i + 16);
+        // Held in registers for the four rows: left to itself GCC reloads them for every product,
+        // and two loads per FMA make this loop load-bound at half the FMA rate.
+        __asm__("" : "+v"(qa[e]), "+v"(qb[e]));
+      }
+      for (int r = 0; r < 4; ++r) {
+        __m512 ka, kb;
+        kv_load32(kr[r] + i, ka, kb);
+        __asm__("" : "+v"(ka), "+v"(kb));  // likewise: one load per key chunk, not one per query
+        for (int e = 0; e < G; ++e) acc[4 * e + r] = _mm512_fmadd_ps(qb[e], kb, _mm512_fmadd_ps(qa[e], ka, acc[4 * e + r]));
+      }
+    }
+    alignas(64) float s[16];
+    _mm512_store_ps(s, _mm512_mul_ps(reduce16(acc), vscale));
+    const int m = std::min(4, n - j);
+    for (int e = 0; e < G; ++e)
+      for (int r = 0; r < m; ++r) sc[e][j + r] = s[4 * r + e];
+  }
+}
+
+// o[e] = corr[e]·o[e] + Σ_j p[e][j]·v_j for G ≤ 4 outputs (corr null: no rescaling), 16·U dims
+// from c: the G·U output vectors stay in registers while all n value rows stream through, so
+// outputs are loaded and stored once per block. Each element sums the positions in order. Every
+// index is a constant, or the compiler keeps the accumulators in memory.
+template <int G, int U, typename T>
+inline void attention_values_slice(float* const* o, const float* const* p, const T* const* v, int n, int c, const float* corr) {
+  __m512 acc[G][U];
+  for (int e = 0; e < G; ++e)
+    for (int u = 0; u < U; ++u) {
+      acc[e][u] = _mm512_loadu_ps(o[e] + c + 16 * u);
+      if (corr) acc[e][u] = _mm512_mul_ps(acc[e][u], _mm512_set1_ps(corr[e]));
+    }
+  const float* pe[G];
+  for (int e = 0; e < G; ++e) pe[e] = p[e];
+  for (int j = 0; j < n; ++j) {
+    __m512 x[U];
+    for (int u = 0; u < U; u += 2) kv_load32(v[j] + c + 16 * u, x[u], x[u + 1]);
+    for (int e = 0; e < G; ++e) {
+      const __m512 w = _mm512_set1_ps(pe[e][j]);
+      for (int u = 0; u < U; ++u) acc[e][u] = _mm512_fmadd_ps(w, x[u], acc[e][u]);
+    }
+  }
+  for (int e = 0; e < G; ++e)
+    for (int u = 0; u < U; ++u) _mm512_storeu_ps(o[e] + c + 16 * u, acc[e][u]);
+}
+
+// All hd dims (a multiple of 32), 64 at a time: the block's value rows are in L2 after the first
+// slice.
+template <int G, typename T>
+inline void attention_values(float* const* o, const float* const* p, const T* const* v, int n, int hd, const float* corr) {
+  int c = 0;
+  for (; c + 64 <= hd; c += 64) attention_values_slice<G, 4>(o, p, v, n, c, corr);
+  if (c < hd) attention_values_slice<G, 2>(o, p, v, n, c, corr);
+}
+#endif
+
+// The generic path of both (any head_dim; other targets): the same quantities, per query vector.
+template <int G, typename T>
+inline void attention_scores_generic(const float* const* q, const T* const* k, int n, int hd, float scale, float* const* sc,
+                                     KvPrefetch<T> next) {
   for (int j = 0; j < n; ++j) {
     if (j < next.n) prefetch_kv_row(next.k[j], next.v[j], hd);
-    attention_dot_heads<G>(qv, kp[j], hd, scale, sc, j);
+    for (int e = 0; e < G; ++e) sc[e][j] = kv_dot(q[e], k[j], hd) * scale;
   }
-  for (int j = n; j < next.n; ++j) prefetch_kv_row(next.k[j], next.v[j], hd);
+}
+template <int G, typename T>
+inline void attention_values_generic(float* const* o, const float* const* p, const T* const* v, int n, int hd, const float* corr) {
   for (int e = 0; e < G; ++e) {
-    float bmax = -INFINITY;
-    for (int j = 0; j < n; ++j) bmax = std::max(bmax, sc[e][j]);
-    const float m_new = std::max(mx[e], bmax);
+    if (corr) vec::scale(o[e], corr[e], hd);
+    for (int j = 0; j < n; ++j) {
+      const float a = p[e][j];
+      for (int i = 0; i < hd; ++i) o[e][i] += a * kv_float(v[j][i]);
+    }
+  }
+}
+
+// The largest of n scores (n ≤ 64): one vector chain, not n dependent scalar steps.
+inline float block_max(const float* x, int n) {
+#if GDN_CPU_AVX512
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int j = 0;
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + j));
+  if (j < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - j)) - 1u);
+    m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + j));
+  }
+  return _mm512_reduce_max_ps(m);
+#else
+  float m = -INFINITY;
+  for (int j = 0; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+#endif
+}
+
+// The query heads of one row against one block of positions, G at a time (G ≤ 4 a constant),
+// prefetching `next` as the keys are read: scores, the online softmax's running max and sum, then
+// the values weighted by the scores' exponentials. `vector_path`: the AVX-512 kernels above
+// (head_dim a multiple of 32; queries and outputs in pair order for a bf16 cache).
+template <int G, typename T>
+inline void attention_heads(const float* const* qv, float* const* o, float* const* sc, const T* const* kp, const T* const* vp,
+                            int n, int hd, float scale, float* mx, float* sum, KvPrefetch<T> next, bool vector_path) {
+#if GDN_CPU_AVX512
+  if (vector_path) attention_scores<G>(qv, kp, n, hd, scale, sc, next);
+  else attention_scores_generic<G>(qv, kp, n, hd, scale, sc, next);
+#else
+  attention_scores_generic<G>(qv, kp, n, hd, scale, sc, next);
+#endif
+  for (int j = n; j < next.n; ++j) prefetch_kv_row(next.k[j], next.v[j], hd);
+  float corr[4];
+  bool rescale = false;
+  for (int e = 0; e < G; ++e) {
+    const float m_new = std::max(mx[e], block_max(sc[e], n));
     const float bsum = vec::exp_shift_sum(sc[e], n, m_new);
-    if (mx[e] == -INFINITY) {
+    if (mx[e] == -INFINITY) {  // the first block: the output is still zero
+      corr[e] = 1.0f;
       sum[e] = bsum;
     } else {
-      const float corr = vec::exp1(mx[e] - m_new);
-      sum[e] = sum[e] * corr + bsum;
-      vec::scale(o[e], corr, hd);
+      corr[e] = vec::exp1(mx[e] - m_new);
+      sum[e] = sum[e] * corr[e] + bsum;
+      rescale = true;
     }
     mx[e] = m_new;
   }
-  attention_accumulate_values<G>(o, sc, vp, n, hd);
+  const float* const* p = sc;
+#if GDN_CPU_AVX512
+  if (vector_path) {
+    attention_values<G>(o, p, vp, n, hd, rescale ? corr : nullptr);
+    return;
+  }
+#endif
+  attention_values_generic<G>(o, p, vp, n, hd, rescale ? corr : nullptr);
 }
 
 // Rows [r0, r1) of segment s, query heads g·group .. g·group + group − 1 of kv head g. The query
@@ -180,12 +275,19 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
   float* mx = stats;
   float* sum = stats + nq;
   float scb[4 * pos_block];  // scores of up to 4 heads over one block
+#if GDN_CPU_AVX512
+  const bool vector_path = hd % 32 == 0;
+#else
+  const bool vector_path = false;
+#endif
+  const bool pair_order = vector_path && kv_pair_order<T>;
   for (int q = 0; q < nq; ++q) {
     mx[q] = -INFINITY;
     sum[q] = 0.0f;
     const std::int64_t row = s.row + r0 + q / group;
-    float* o = b.core + row * Hq * hd + (g * group + q % group) * hd;
-    std::fill(o, o + hd, 0.0f);
+    const std::int64_t at = row * Hq * hd + (g * group + q % group) * hd;
+    std::fill(b.core + at, b.core + at + hd, 0.0f);
+    if (pair_order) to_pair_order(b.q + at, hd);  // this task's own query vectors: no other task reads them
   }
   const std::int64_t max_len = s.pos + r1;
   const auto block_rows = [&](std::int64_t j0, const T** kr, const T** vr) {
@@ -224,10 +326,10 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
         const KvPrefetch<T> next{kv_rows[blk % 2][0], kv_rows[blk % 2][1], prefetched ? 0 : nb_next};
         prefetched = true;
         switch (G) {
-          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next); break;
-          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next); break;
-          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next); break;
-          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next); break;
+          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, vector_path); break;
+          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, vector_path); break;
+          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, vector_path); break;
+          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, vector_path); break;
         }
       }
     }
@@ -236,7 +338,16 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
     const std::int64_t row = s.row + r0 + q / group;
     const int h = g * group + q % group;
     float* o = b.core + row * Hq * hd + h * hd;
+    if (pair_order) from_pair_order(o, hd);
     vec::scale(o, 1.0f / sum[q], hd);
     vec::mul_sigmoid(o, b.gate + row * b.ld_gate + 2LL * h * hd + hd, hd);
   }
+}
+
+// The kernel for the cache's dtype (TargetKernels::attention).
+inline void attention(const KvStore& kv, int kv_layer, int g, const std::vector<std::int32_t>& pages, const PassSegment& s,
+                      std::int64_t r0, std::int64_t r1, int Hq, int hd, int group, float scale, const AttentionRows& rows,
+                      float* stats) {
+  if (kv.dtype() == DType::bf16) attend<bf16>(kv, kv_layer, g, pages, s, r0, r1, Hq, hd, group, scale, rows, stats);
+  else attend<float>(kv, kv_layer, g, pages, s, r0, r1, Hq, hd, group, scale, rows, stats);
 }

@@ -271,8 +271,7 @@ class Kernels {
         const int g = static_cast<int>(t % Hkv);
         const std::int64_t r0 = (t / Hkv) * row_block, r1 = std::min(sg.n, r0 + row_block);
         const auto& pages = plan_.page_tables[static_cast<std::size_t>(sg.slot)];
-        if (s_.kv.dtype() == DType::bf16) attend<bf16>(s_.kv, kv_layer, g, pages, sg, r0, r1, Hq, hd, group, scale, rows, stats);
-        else attend<float>(s_.kv, kv_layer, g, pages, sg, r0, r1, Hq, hd, group, scale, rows, stats);
+        attention(s_.kv, kv_layer, g, pages, sg, r0, r1, Hq, hd, group, scale, rows, stats);
       }
     });
   }

@@ -1,0 +1,159 @@
+// The attention kernel on its own, against a double-precision reference written from the
+// equations: o = sigmoid(gate) · Σ_j softmax_j(scale · q·k_j) v_j over positions 0..p, with the
+// keys and values as the cache holds them (a bf16 cache's roundings included). The kernel is the
+// one the engine runs, called through the CPU backend's table for every target this CPU supports
+// and for both KV dtypes. Shapes: the head dim of every supported model (256) and the fixtures'
+// (32), one with a 32-wide tail (96) and one off the vector path (48); 1 to 8 query heads per kv
+// head (the 27B's 6 runs as 4 + 2); lengths on both sides of the 64-position blocks, pages in a
+// shuffled order. And the property prefill, decode and MTP verification rest on: a row computed
+// alone equals the same row computed inside a multi-row segment, bit for bit.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/target.hpp"
+#include "gdn/core/dtype.hpp"
+
+using gdn::DType;
+using gdn::cpu::AttentionRows;
+using gdn::cpu::KvStore;
+using gdn::cpu::Target;
+
+namespace {
+
+std::vector<Target> targets() {
+  std::vector<Target> out;
+  for (const Target t : {Target::scalar, Target::avx2, Target::avx512})
+    if (gdn::cpu::target_supported(t)) out.push_back(t);
+  return out;
+}
+
+constexpr int kHkv = 2, kLayers = 2, kLayer = 1, kPageSize = 16;
+
+// A cache holding `len` random positions of one sequence in layer kLayer, its pages shuffled among
+// spare ones, and the positions as stored, in float.
+struct Cache {
+  KvStore kv;
+  std::vector<std::int32_t> pages;
+  std::vector<float> keys, values;  // [kv head][position][hd], as stored
+};
+
+template <typename T>
+void fill(Cache& c, int len, int hd, std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  c.keys.assign(static_cast<std::size_t>(kHkv) * len * hd, 0.0f);
+  c.values.assign(c.keys.size(), 0.0f);
+  for (int g = 0; g < kHkv; ++g)
+    for (int p = 0; p < len; ++p) {
+      T* k = c.kv.keys<T>(c.pages[static_cast<std::size_t>(p / kPageSize)], kLayer, g) + (p % kPageSize) * hd;
+      T* v = c.kv.values<T>(c.pages[static_cast<std::size_t>(p / kPageSize)], kLayer, g) + (p % kPageSize) * hd;
+      for (int i = 0; i < hd; ++i) {
+        const std::size_t at = (static_cast<std::size_t>(g) * len + p) * hd + i;
+        if constexpr (std::is_same_v<T, float>) {
+          k[i] = nd(rng);
+          v[i] = nd(rng);
+        } else {
+          k[i] = gdn::to_bf16(nd(rng));
+          v[i] = gdn::to_bf16(nd(rng));
+        }
+        c.keys[at] = gdn::to_float(k[i]);
+        c.values[at] = gdn::to_float(v[i]);
+      }
+    }
+}
+
+Cache make_cache(DType dtype, int len, int hd, unsigned seed) {
+  std::mt19937 rng(seed);
+  const int used = (len + kPageSize - 1) / kPageSize;
+  Cache c{KvStore(used + 3, kPageSize, kLayers, kHkv, hd, dtype), {}, {}, {}};
+  std::vector<std::int32_t> all(static_cast<std::size_t>(used + 3));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  c.pages.assign(all.begin(), all.begin() + used);
+  if (dtype == DType::bf16) fill<gdn::bf16>(c, len, hd, rng);
+  else fill<float>(c, len, hd, rng);
+  return c;
+}
+
+// Rows [0, n) of a segment starting at position pos, every kv head, in tasks of up to 16 rows as
+// the engine splits them. q is copied: a task may reorder its own query vectors.
+std::vector<float> run(const gdn::cpu::TargetKernels& K, const Cache& c, std::int64_t pos, std::int64_t n, int Hq, int hd,
+                       const std::vector<float>& q, const std::vector<float>& gate, std::int64_t row0 = 0) {
+  const int group = Hq / kHkv;
+  std::vector<float> qc(q.begin() + row0 * Hq * hd, q.begin() + (row0 + n) * Hq * hd);
+  std::vector<float> core(static_cast<std::size_t>(n) * Hq * hd, -1.0f);
+  std::vector<float> stats(static_cast<std::size_t>(2 * 16 * group));
+  const AttentionRows rows{qc.data(), gate.data() + row0 * 2LL * Hq * hd, 2LL * Hq * hd, core.data()};
+  const gdn::PassSegment seg{0, 0, n, pos, false};
+  for (int g = 0; g < kHkv; ++g)
+    for (std::int64_t r0 = 0; r0 < n; r0 += 16)
+      K.attention(c.kv, kLayer, g, c.pages, seg, r0, std::min(n, r0 + 16), Hq, hd, group, 1.0f / std::sqrt(static_cast<float>(hd)),
+                  rows, stats.data());
+  return core;
+}
+
+}  // namespace
+
+TEST_CASE("attention matches the double-precision equations; a row alone equals it inside a segment", "[attention]") {
+  struct Shape {
+    int hd, group, len, n;  // len positions in all; the last n are the segment's rows
+  };
+  const Shape shapes[] = {{256, 4, 200, 9},  {256, 6, 129, 3}, {256, 1, 65, 65}, {32, 2, 63, 17}, {32, 4, 1, 1},
+                          {96, 3, 130, 20}, {48, 2, 70, 5},   {64, 8, 64, 2},   {256, 4, 300, 1}};
+  for (const Target target : targets()) {
+    const auto& K = gdn::cpu::target_kernels(target);
+    for (const DType dtype : {DType::f32, DType::bf16})
+      for (const Shape& sh : shapes) {
+        INFO("target " << K.name << ", KV " << gdn::dtype_name(dtype) << ", head dim " << sh.hd << ", group " << sh.group
+                       << ", length " << sh.len << ", rows " << sh.n);
+        const int Hq = sh.group * kHkv, hd = sh.hd;
+        const Cache c = make_cache(dtype, sh.len, hd, static_cast<unsigned>(sh.hd * 131 + sh.len));
+        std::mt19937 rng(static_cast<unsigned>(sh.group + 7));
+        std::normal_distribution<float> nd(0.0f, 1.5f);
+        std::vector<float> q(static_cast<std::size_t>(sh.n) * Hq * hd), gate(static_cast<std::size_t>(sh.n) * 2 * Hq * hd);
+        for (auto& x : q) x = nd(rng);
+        for (auto& x : gate) x = nd(rng);
+        const std::int64_t pos = sh.len - sh.n;
+        const std::vector<float> core = run(K, c, pos, sh.n, Hq, hd, q, gate);
+
+        double worst = 0.0;
+        const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+        for (int t = 0; t < sh.n; ++t)
+          for (int h = 0; h < Hq; ++h) {
+            const int g = h / sh.group, len = static_cast<int>(pos) + t + 1;
+            const float* qv = q.data() + (static_cast<std::size_t>(t) * Hq + h) * hd;
+            std::vector<double> s(static_cast<std::size_t>(len));
+            double m = -INFINITY;
+            for (int j = 0; j < len; ++j) {
+              const float* k = c.keys.data() + (static_cast<std::size_t>(g) * sh.len + j) * hd;
+              double d = 0.0;
+              for (int i = 0; i < hd; ++i) d += static_cast<double>(qv[i]) * k[i];
+              s[static_cast<std::size_t>(j)] = d * scale;
+              m = std::max(m, d * scale);
+            }
+            double z = 0.0;
+            for (auto& x : s) z += (x = std::exp(x - m));
+            for (int i = 0; i < hd; ++i) {
+              double o = 0.0;
+              for (int j = 0; j < len; ++j) o += s[static_cast<std::size_t>(j)] * c.values[(static_cast<std::size_t>(g) * sh.len + j) * hd + i];
+              const double gt = gate[static_cast<std::size_t>(t) * 2 * Hq * hd + 2 * h * hd + hd + i];
+              const double ref = o / z / (1.0 + std::exp(-gt));
+              worst = std::max(worst, std::abs(ref - core[(static_cast<std::size_t>(t) * Hq + h) * hd + i]));
+            }
+          }
+        // Float32 sums of up to 300 products of unit-scale terms: a few ulp of the result's scale.
+        CHECK(worst < 2e-5);
+
+        // Each row alone (a decode step, or one row of an MTP verification) == inside the segment.
+        for (const int t : {0, sh.n / 2, sh.n - 1}) {
+          const std::vector<float> alone = run(K, c, pos + t, 1, Hq, hd, q, gate, t);
+          CHECK(std::equal(alone.begin(), alone.end(), core.begin() + static_cast<std::ptrdiff_t>(t) * Hq * hd));
+        }
+      }
+  }
+}
