@@ -6,7 +6,8 @@ measures with the same thread count and token counts as gdn bench:
   - prefill tokens/s for a --prompt-tokens prompt (one llama_decode call, n_batch = n_ubatch = prompt);
   - batch-1 decode tokens/s after that prompt (median of --runs runs after a warm-up run);
   - aggregate decode tokens/s at each --batches size (each sequence after a 64-token prompt);
-  - optionally decode at each --contexts length;
+  - optionally decode at each --contexts length (the sequence extended to each length in turn;
+    --context-only measures nothing else);
   - peak RSS of this process.
 With --quant it first quantises the bf16 GGUF with llama.cpp's own llama_model_quantize (Q8_0,
 Q4_0 or Q4_K_M, cached beside it). PEER_NO_EXTRA_BUFTS=1 loads without llama.cpp's extra weight
@@ -38,6 +39,7 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--batches", default="1,2,4,8,16,32")
     ap.add_argument("--contexts", default="")
+    ap.add_argument("--context-only", action="store_true", help="measure only the --contexts section")
     ap.add_argument("--quant", choices=["Q8_0", "Q4_0", "Q4_K_M"],
                     help="quantise the bf16 GGUF with llama.cpp's own llama_model_quantize (cached beside it)")
     args = ap.parse_args()
@@ -116,79 +118,90 @@ def main():
 
     out = {"engine": "llama.cpp", "version": getattr(L, "__version__", "?"), "gguf": gguf_path, "threads": T}
 
-    # Batch 1: prefill P tokens, then decode N.
-    ctx = make_ctx(P + N * (R + 1) + 16, 1, max(P, 1))
-    batch = L.llama_batch_init(max(P, 64), 0, 1)
-    pre, dec = [], []
-    for r in range(R + 1):
-        clear(ctx)
-        t0 = time.perf_counter()
-        prefill(ctx, batch, prompt, 0, max(P, 1))
-        tp = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for s in range(N):
-            decode(ctx, batch, [((s * 7919) % 150000, P + s, 0, True)])
-        td = time.perf_counter() - t0
-        if r > 0:
-            pre.append(P / tp)
-            dec.append(N / td)
-    out["prefill"] = {"tok_s": statistics.median(pre), "runs": pre, "tokens": P}
-    out["decode"] = {"tok_s": statistics.median(dec), "runs": dec, "tokens": N, "context": P}
-    out["peak_rss_bytes_batch1"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(f"llama.cpp prefill {out['prefill']['tok_s']:.1f} tok/s, decode {out['decode']['tok_s']:.2f} tok/s",
-          file=sys.stderr)
-    L.llama_batch_free(batch)
-    L.llama_free(ctx)
-
-    batches = [int(b) for b in args.batches.split(",") if b]
-    if batches:
-        maxb = max(batches)
-        short = min(P, 64)
-        per_seq = short + N * (R + 1) + 16
-        ctx = make_ctx(per_seq * maxb, maxb, max(short * 4, maxb, 64))
-        batch = L.llama_batch_init(max(short * 4, maxb, 64), 0, 1)
-        rows = []
-        for B in batches:
-            agg = []
+    if not args.context_only:
+        # Batch 1: prefill P tokens, then decode N.
+        ctx = make_ctx(P + N * (R + 1) + 16, 1, max(P, 1))
+        batch = L.llama_batch_init(max(P, 64), 0, 1)
+        pre, dec = [], []
+        for r in range(R + 1):
             clear(ctx)
-            for b in range(B):
-                prefill(ctx, batch, prompt[:short], b, max(short * 4, 64))
-            pos = short
-            for r in range(R + 1):
-                t0 = time.perf_counter()
-                for s in range(N):
-                    decode(ctx, batch, [((s * 7919 + b * 104729) % 150000, pos, b, True) for b in range(B)])
-                    pos += 1
-                td = time.perf_counter() - t0
-                if r > 0:
-                    agg.append(B * N / td)
-            rows.append({"batch": B, "tok_s": statistics.median(agg), "runs": agg})
-            print(f"llama.cpp batch {B}: {rows[-1]['tok_s']:.2f} tok/s", file=sys.stderr)
-        out["batch_decode"] = rows
+            t0 = time.perf_counter()
+            prefill(ctx, batch, prompt, 0, max(P, 1))
+            tp = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for s in range(N):
+                decode(ctx, batch, [((s * 7919) % 150000, P + s, 0, True)])
+            td = time.perf_counter() - t0
+            if r > 0:
+                pre.append(P / tp)
+                dec.append(N / td)
+        out["prefill"] = {"tok_s": statistics.median(pre), "runs": pre, "tokens": P}
+        out["decode"] = {"tok_s": statistics.median(dec), "runs": dec, "tokens": N, "context": P}
+        out["peak_rss_bytes_batch1"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(f"llama.cpp prefill {out['prefill']['tok_s']:.1f} tok/s, decode {out['decode']['tok_s']:.2f} tok/s",
+              file=sys.stderr)
         L.llama_batch_free(batch)
         L.llama_free(ctx)
 
-    contexts = [int(c) for c in args.contexts.split(",") if c]
+        batches = [int(b) for b in args.batches.split(",") if b]
+        if batches:
+            maxb = max(batches)
+            short = min(P, 64)
+            per_seq = short + N * (R + 1) + 16
+            ctx = make_ctx(per_seq * maxb, maxb, max(short * 4, maxb, 64))
+            batch = L.llama_batch_init(max(short * 4, maxb, 64), 0, 1)
+            rows = []
+            for B in batches:
+                agg = []
+                clear(ctx)
+                for b in range(B):
+                    prefill(ctx, batch, prompt[:short], b, max(short * 4, 64))
+                pos = short
+                for r in range(R + 1):
+                    t0 = time.perf_counter()
+                    for s in range(N):
+                        decode(ctx, batch, [((s * 7919 + b * 104729) % 150000, pos, b, True) for b in range(B)])
+                        pos += 1
+                    td = time.perf_counter() - t0
+                    if r > 0:
+                        agg.append(B * N / td)
+                rows.append({"batch": B, "tok_s": statistics.median(agg), "runs": agg})
+                print(f"llama.cpp batch {B}: {rows[-1]['tok_s']:.2f} tok/s", file=sys.stderr)
+            out["batch_decode"] = rows
+            L.llama_batch_free(batch)
+            L.llama_free(ctx)
+
+    contexts = sorted(int(c) for c in args.contexts.split(",") if c)
     if contexts:
+        # One sequence extended to each length in turn (a prefill of the difference), then R runs
+        # of N single steps; the runs advance it too.
         maxc = max(contexts)
-        ctx = make_ctx(maxc + N * (R + 1) + 16, 1, 512)
+        ctx = make_ctx(maxc + N * (R * len(contexts) + 1) + 16, 1, 512)
         batch = L.llama_batch_init(512, 0, 1)
         rows = []
+        clear(ctx)
+        pos = 0
         for C in contexts:
-            clear(ctx)
-            toks = [rng.randrange(0, 150000) for _ in range(C)]
-            t0 = time.perf_counter()
-            prefill(ctx, batch, toks, 0, 512)
-            tp = time.perf_counter() - t0
-            pos = C
+            tp, added = 0.0, 0
+            if C > pos:
+                toks = [rng.randrange(0, 150000) for _ in range(C - pos)]
+                t0 = time.perf_counter()
+                for s in range(0, len(toks), 512):
+                    chunk = toks[s: s + 512]
+                    decode(ctx, batch, [(t, pos + s + i, 0, s + i == len(toks) - 1) for i, t in enumerate(chunk)])
+                tp = time.perf_counter() - t0
+                added = C - pos
+                pos = C
             d = []
-            for r in range(R):
+            for r in range(R + (1 if C == contexts[0] else 0)):  # a warm-up run at the first length
                 t0 = time.perf_counter()
                 for s in range(N):
                     decode(ctx, batch, [((s * 7919) % 150000, pos, 0, True)])
                     pos += 1
                 d.append(N / (time.perf_counter() - t0))
-            rows.append({"context": C, "tok_s": statistics.median(d), "runs": d, "prefill_tok_s": C / tp})
+            d = d[-R:]
+            rows.append({"context": C, "tok_s": statistics.median(d), "runs": d,
+                         "prefill_tok_s": added / tp if added else 0.0})
             print(f"llama.cpp context {C}: {rows[-1]['tok_s']:.2f} tok/s", file=sys.stderr)
         out["context_decode"] = rows
         L.llama_batch_free(batch)

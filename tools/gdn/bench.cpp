@@ -34,6 +34,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -232,6 +233,7 @@ std::int64_t weight_bytes_per_token(const Model& m) {
 struct Options {
   std::string model;
   std::string shape = "0.8b";
+  int layers = 0;  // --layers N: the shape's first N layers (every 4th still full attention)
   std::string cache = "build/bench-models";
   int threads = 0;
   int runs = 5;
@@ -246,6 +248,7 @@ struct Options {
   std::string peer_script = "bench/peer.py";
   std::string peer_args;
   int rounds = 3;
+  int context_rounds = 0;  // --context-rounds: decode at --contexts against the peer, per KV dtype, in rounds
   WeightPlacement weights = WeightPlacement::automatic;  // --weights / --in-place
   WeightQuant quant = WeightQuant::none;   // --quant: block-quantised projections (docs/quantization.md)
   std::string image_path;                  // --image-path: where the packed image is (written when missing)
@@ -255,6 +258,18 @@ struct Options {
   bool quick = false;
   bool bf16_inputs = true;  // also measure MatmulInput::bf16 (batch 1, batch scaling, the rounds)
 };
+
+// The --shape, cut to its first --layers layers when given (a long-context attention benchmark
+// needs the attention geometry, not all the layers: prefilling 64K tokens through 24 layers takes
+// a quarter of an hour here).
+Shape bench_shape(const Options& o) {
+  Shape s = shape_for(o.shape);
+  if (o.layers > 0 && o.layers < s.layers) {
+    s.layers = o.layers;
+    s.name += fmt::format("-{}layers", o.layers);
+  }
+  return s;
+}
 
 std::vector<DType> parse_kv_dtypes(const std::string& list) {
   std::vector<DType> out;
@@ -348,6 +363,74 @@ Batch1Speeds run_batch1(Context& ctx, SeqId s, std::span<const Token> prompt, in
   return out;
 }
 
+// Decode cost at each context length (ascending) on one sequence: the sequence is extended by a
+// prefill to each length in turn (its tokens/s is that extension's), then `runs` runs of N single
+// steps, each between two bandwidth probes. Rows: context, ms_per_token (median), runs (tok/s),
+// bandwidth_gb_s (median of the probes), prefill_tok_s.
+json context_decode_rows(const std::shared_ptr<const Model>& model, DType kv_dtype, std::vector<int> contexts, int N, int runs,
+                         int threads, const RooflineProbe& probe, long& allocs, long& alloc_steps) {
+  std::sort(contexts.begin(), contexts.end());
+  const int V = model->config().vocab_size;
+  ContextParams p;
+  p.max_sequences = 1;
+  p.max_context = contexts.back() + static_cast<std::int64_t>(N) * (runs * static_cast<std::int64_t>(contexts.size()) + 1) + 8;
+  p.max_batch_tokens = 512;
+  p.threads = threads;
+  p.kv_dtype = kv_dtype;
+  Context ctx(model, p);
+  const SeqId s = ctx.create_sequence();
+  const SeqId seqs[1] = {s};
+  Batch batch;
+  batch.reserve(4, static_cast<std::size_t>(contexts.back()));
+  json rows = json::array();
+  std::int64_t len = 0;
+  for (const int L : contexts) {
+    double tp = 0.0;
+    std::int64_t added = 0;
+    if (L > len) {
+      added = L - len;
+      const auto toks = random_tokens(static_cast<std::size_t>(added), V, static_cast<std::uint32_t>(L));
+      const auto t0 = Clock::now();
+      prefill(ctx, s, toks, batch);
+      tp = seconds_since(t0);
+      len = L;
+    }
+    if (L == contexts.front()) {  // a warm-up run: first touches of the work buffers and pages
+      decode_steps(ctx, seqs, N, batch, nullptr);
+      len += N;
+    }
+    std::vector<double> dec, gbs;
+    for (int r = 0; r < runs; ++r) {
+      const double b0 = probe.gb_s();
+      dec.push_back(N / decode_steps(ctx, seqs, N, batch, &allocs));
+      gbs.push_back(0.5 * (b0 + probe.gb_s()));
+      alloc_steps += N;
+      len += N;
+    }
+    const double d = median(dec);
+    rows.push_back({{"context", L}, {"kv_dtype", std::string(dtype_name(kv_dtype))}, {"tok_s", d}, {"ms_per_token", 1e3 / d},
+                    {"runs", dec}, {"bandwidth_gb_s", median(gbs)}, {"prefill_tok_s", added > 0 ? added / tp : 0.0},
+                    {"kv_bytes_per_token", ctx.kv_bytes_per_token()}});
+  }
+  return rows;
+}
+
+// The extra time per token at each context over the shortest, against reading the extra KV bytes
+// at the bandwidth probed around the run (1.0: the cache streams at bandwidth).
+void add_kv_stream_ratios(json& rows) {
+  if (rows.empty()) return;
+  const json& base = rows[0];
+  for (auto& r : rows) {
+    const double extra_bytes = static_cast<double>(r["context"].get<int>() - base["context"].get<int>()) *
+                               r["kv_bytes_per_token"].get<double>();
+    if (extra_bytes <= 0) continue;
+    const double kv_ms = 1e3 * extra_bytes / (r["bandwidth_gb_s"].get<double>() * 1e9);
+    r["extra_ms"] = r["ms_per_token"].get<double>() - base["ms_per_token"].get<double>();
+    r["kv_stream_ms"] = kv_ms;
+    r["extra_vs_kv_stream"] = r["extra_ms"].get<double>() / kv_ms;
+  }
+}
+
 // Runs the peer once (a shell command printing one JSON object as its last line) and returns
 // that object, or {"error": its output}.
 json run_peer(const std::string& cmd) {
@@ -364,7 +447,7 @@ json run_peer(const std::string& cmd) {
   const auto brace = text.rfind("\n{");
   try {
     json peer = json::parse(brace == std::string::npos ? text : text.substr(brace + 1));
-    if (peer.contains("decode") && peer.contains("prefill")) return peer;
+    if ((peer.contains("decode") && peer.contains("prefill")) || peer.contains("context_decode")) return peer;
   } catch (const std::exception& e) {
     fmt::print(stderr, "could not read the peer's JSON ({})\n", e.what());
   }
@@ -453,12 +536,12 @@ json measure_load(const std::string& dir, WeightPlacement w, const std::string& 
 
 int usage() {
   std::fputs(
-      "usage: gdn bench [--model DIR | --shape 0.8b|2b|27b] [--cache DIR] [--threads N] [--runs N]\n"
+      "usage: gdn bench [--model DIR | --shape 0.8b|2b|27b [--layers N]] [--cache DIR] [--threads N] [--runs N]\n"
       "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...] [--kv-dtypes f32,bf16]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
       "                 [--peer-args 'ARGS'] [--rounds N] [--weights auto|pack|image|in-place] [--in-place]\n"
       "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N] [--quant q8_0|q4_0]\n"
-      "                 [--float32-only]\n"
+      "                 [--float32-only] [--context-rounds N]\n"
       "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512, no load section\n"
       "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
       "  --weights      where the measured model reads its projections (default auto; see WeightPlacement)\n"
@@ -470,6 +553,9 @@ int usage() {
       "  --rounds N     with a peer: N head-to-head rounds of batch-1 prefill + decode, ours and the peer\n"
       "                 alternating, each bracketed by a bandwidth measurement (default 3)\n"
       "  --float32-only measure only the default float32 matmul inputs (not also bf16 inputs)\n"
+      "  --layers N     with --shape: only its first N layers (every 4th full attention), for long-context runs\n"
+      "  --context-rounds N  with a peer: N rounds of decode at each --contexts length, ours per --kv-dtypes and\n"
+      "                 llama.cpp's (f16 cache) in turn, each bracketed by a bandwidth measurement\n"
       "  --write-checkpoint DIR [--sparse]  write the --shape's checkpoint (sparse: no data, reads as zeros) and stop\n"
       "  --backend cuda the GPU benchmark instead (tools/gdn/bench_cuda.cpp)\n",
       stderr);
@@ -492,6 +578,7 @@ int bench(int argc, char** argv) {
     const bool v = i + 1 < argc;
     if (a == "--model" && v) o.model = argv[++i];
     else if (a == "--shape" && v) o.shape = argv[++i];
+    else if (a == "--layers" && v) o.layers = std::max(1, std::atoi(argv[++i]));
     else if (a == "--cache" && v) o.cache = argv[++i];
     else if (a == "--threads" && v) o.threads = std::atoi(argv[++i]);
     else if (a == "--runs" && v) o.runs = std::max(1, std::atoi(argv[++i]));
@@ -506,6 +593,7 @@ int bench(int argc, char** argv) {
     else if (a == "--peer-script" && v) o.peer_script = argv[++i];
     else if (a == "--peer-args" && v) o.peer_args = argv[++i];
     else if (a == "--rounds" && v) o.rounds = std::max(0, std::atoi(argv[++i]));
+    else if (a == "--context-rounds" && v) o.context_rounds = std::max(0, std::atoi(argv[++i]));
     else if (a == "--in-place") o.weights = WeightPlacement::in_place;
     else if (a == "--weights" && v) o.weights = placement_named(argv[++i]);
     else if (a == "--image-path" && v) o.image_path = argv[++i];
@@ -527,7 +615,7 @@ int bench(int argc, char** argv) {
       // Writes the --shape's checkpoint (random, or --sparse after it) and stops.
       const std::string out_dir = argv[++i];
       const bool sparse = o.sparse || (i + 1 < argc && std::string_view(argv[i + 1]) == "--sparse");
-      make_checkpoint(shape_for(o.shape), out_dir, {.sparse = sparse, .shards = o.shards});
+      make_checkpoint(bench_shape(o), out_dir, {.sparse = sparse, .shards = o.shards});
       fmt::print("wrote a {}{} checkpoint to {}\n", sparse ? "sparse " : "", o.shape, out_dir);
       return 0;
     } else return usage();
@@ -558,7 +646,7 @@ int bench(int argc, char** argv) {
   std::string dir = o.model;
   std::string default_image;
   if (dir.empty()) {
-    const Shape s = shape_for(o.shape);
+    const Shape s = bench_shape(o);
     dir = (std::filesystem::path(o.cache) / (s.name + (o.sparse ? "-sparse" : ""))).string();
     const std::filesystem::path d(dir);
     if (!std::filesystem::exists(d / "model.safetensors") && !std::filesystem::exists(d / "model.safetensors.index.json")) {
@@ -729,50 +817,19 @@ int bench(int argc, char** argv) {
   // bytes read per token over the bandwidth probed around the run (1.0: the KV streams at
   // bandwidth).
   if (!o.contexts.empty()) {
-    const int maxc = *std::max_element(o.contexts.begin(), o.contexts.end());
-    const int minc = *std::min_element(o.contexts.begin(), o.contexts.end());
     json rows = json::array();
     for (const DType kvd : o.kv_dtypes) {
-      ContextParams p;
-      p.max_sequences = 1;
-      p.max_context = maxc + N * (o.runs + 1) + 8;
-      p.max_batch_tokens = 512;
-      p.threads = o.threads;
-      p.kv_dtype = kvd;
-      Context ctx(model, p);
-      const SeqId s = ctx.create_sequence();
-      Batch batch;
-      batch.reserve(4, static_cast<std::size_t>(maxc));
-      const SeqId seqs[1] = {s};
-      double base_ms = 0.0;
-      for (const int L : o.contexts) {
-        const auto toks = random_tokens(static_cast<std::size_t>(L), cfg.vocab_size, 2);
-        ctx.reset_sequence(s);
-        const auto t0 = Clock::now();
-        prefill(ctx, s, toks, batch);
-        const double tp = seconds_since(t0);
-        std::vector<double> dec, gbs;
-        for (int r = 0; r < o.runs; ++r) {
-          const double b0 = probe.gb_s();
-          dec.push_back(N / decode_steps(ctx, seqs, N, batch, &allocs));
-          gbs.push_back(0.5 * (b0 + probe.gb_s()));
-          alloc_steps += N;
-        }
-        const double d = median(dec), ms = 1e3 / d, bwm = median(gbs);
-        if (L == minc) base_ms = ms;
-        json row = {{"context", L}, {"kv_dtype", std::string(dtype_name(kvd))}, {"tok_s", d}, {"ms_per_token", ms}, {"runs", dec},
-                    {"prefill_tok_s", L / tp}, {"bandwidth_gb_s", bwm}};
+      json r = context_decode_rows(model, kvd, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
+      add_kv_stream_ratios(r);
+      for (const auto& row : r) {
         std::string extra;
-        if (L > minc && base_ms > 0.0) {
-          const double kv_ms = 1e3 * static_cast<double>(L - minc) * static_cast<double>(ctx.kv_bytes_per_token()) / (bwm * 1e9);
-          row["extra_ms"] = ms - base_ms;
-          row["kv_stream_ms"] = kv_ms;
-          row["extra_vs_kv_stream"] = (ms - base_ms) / kv_ms;
-          extra = fmt::format("; +{:.1f} ms over {} = {:.2f}x its KV read at bandwidth", ms - base_ms, minc, (ms - base_ms) / kv_ms);
-        }
+        if (row.contains("extra_vs_kv_stream"))
+          extra = fmt::format("; +{:.1f} ms over {} = {:.2f}x its KV read at bandwidth", row["extra_ms"].get<double>(),
+                              r[0]["context"].get<int>(), row["extra_vs_kv_stream"].get<double>());
+        fmt::print("decode at context {:5d}  KV {:4}  {:.2f} tok/s ({:.1f} ms/token){}; prefill to it {:.1f} tok/s\n",
+                   row["context"].get<int>(), dtype_name(kvd), row["tok_s"].get<double>(), row["ms_per_token"].get<double>(), extra,
+                   row["prefill_tok_s"].get<double>());
         rows.push_back(row);
-        fmt::print("decode at context {:5d}  KV {:4}  {:.2f} tok/s ({:.1f} ms/token){}; its prefill {:.1f} tok/s\n", L,
-                   dtype_name(kvd), d, ms, extra, L / tp);
       }
     }
     out["context_decode"] = rows;
@@ -914,6 +971,84 @@ int bench(int argc, char** argv) {
         fmt::print("  with bf16 matmul inputs: decode {:.2f}x llama.cpp ({:.1f}% of the roofline), prefill {:.2f}x\n",
                    median(rb_dec), 100 * median(fb_ours), median(rb_pre));
     }
+  }
+
+  // 7. Long context head to head: in each round our decode at every --contexts length for each
+  // --kv-dtypes, and llama.cpp's (its default f16 cache), in turn (reversed every other round),
+  // each between two bandwidth measurements. Per context: both engines' ms per token, their ratio,
+  // and each one's extra time over the shortest context against its extra KV bytes at bandwidth.
+  if (!o.peer_python.empty() && o.context_rounds > 0 && o.contexts.size() >= 2) {
+    const ModelConfig& c = model->config();
+    const double peer_kv_bytes = 2.0 * 2.0 * c.count_layers(LayerKind::full_attention) * c.num_key_value_heads * c.head_dim;
+    const std::string ctx_list = fmt::format("{}", fmt::join(o.contexts, ","));
+    json rounds = json::array();
+    std::map<std::string, std::vector<double>> ratio_of, stream_of;  // "context/kv dtype" → per-round figures
+    for (int round = 0; round < o.context_rounds; ++round) {
+      std::vector<std::function<void(json&)>> order;
+      for (const DType kvd : o.kv_dtypes)
+        order.push_back([&, kvd](json& rj) {
+          json r = context_decode_rows(model, kvd, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
+          add_kv_stream_ratios(r);
+          rj[fmt::format("ours_{}", dtype_name(kvd))] = r;
+        });
+      order.push_back([&](json& rj) {
+        json pj = run_peer(fmt::format("'{}' '{}' --model '{}' --threads {} --runs {} --decode-tokens {} --contexts {} --context-only {}",
+                                       o.peer_python, o.peer_script, dir, threads, o.runs, N, ctx_list, o.peer_args));
+        if (pj.contains("context_decode")) {
+          json r = pj["context_decode"];
+          for (auto& row : r) {
+            row["ms_per_token"] = 1e3 / row["tok_s"].get<double>();
+            row["kv_bytes_per_token"] = peer_kv_bytes;
+          }
+          rj["llama_cpp_rows"] = r;
+        }
+      });
+      if (round % 2 == 1) std::reverse(order.begin(), order.end());
+      json rj = json::object();
+      std::vector<double> bws = {meter.measure(o.stream_bytes, 3).median_gbs};
+      for (auto& run : order) {
+        run(rj);
+        bws.push_back(meter.measure(o.stream_bytes, 3).median_gbs);
+      }
+      rj["bandwidth_gb_s"] = bws;
+      if (!rj.contains("llama_cpp_rows")) break;
+      // The peer's bandwidth: the probes around its run.
+      const std::size_t at = round % 2 == 1 ? 0 : bws.size() - 2;
+      for (auto& row : rj["llama_cpp_rows"]) row["bandwidth_gb_s"] = 0.5 * (bws[at] + bws[at + 1]);
+      add_kv_stream_ratios(rj["llama_cpp_rows"]);
+      for (const DType kvd : o.kv_dtypes) {
+        const json& ours = rj[fmt::format("ours_{}", dtype_name(kvd))];
+        for (std::size_t i = 0; i < ours.size(); ++i) {
+          const json& peer_row = rj["llama_cpp_rows"][i];
+          const std::string key = fmt::format("{}/{}", ours[i]["context"].get<int>(), dtype_name(kvd));
+          const double ratio = peer_row["ms_per_token"].get<double>() / ours[i]["ms_per_token"].get<double>();
+          ratio_of[key].push_back(ratio);
+          if (ours[i].contains("extra_vs_kv_stream")) stream_of[key].push_back(ours[i]["extra_vs_kv_stream"].get<double>());
+          fmt::print("context round {} context {:6d}: ours ({} KV) {:.1f} ms/token{}, llama.cpp (f16 KV) {:.1f} ms/token{} -> {:.2f}x\n",
+                     round + 1, ours[i]["context"].get<int>(), dtype_name(kvd), ours[i]["ms_per_token"].get<double>(),
+                     ours[i].contains("extra_vs_kv_stream")
+                         ? fmt::format(" (extra {:.2f}x its KV at bandwidth)", ours[i]["extra_vs_kv_stream"].get<double>())
+                         : std::string(),
+                     peer_row["ms_per_token"].get<double>(),
+                     peer_row.contains("extra_vs_kv_stream")
+                         ? fmt::format(" (extra {:.2f}x)", peer_row["extra_vs_kv_stream"].get<double>())
+                         : std::string(),
+                     ratio);
+          if (kvd == o.kv_dtypes.front() && peer_row.contains("extra_vs_kv_stream"))
+            stream_of[fmt::format("{}/llama.cpp", peer_row["context"].get<int>())].push_back(peer_row["extra_vs_kv_stream"].get<double>());
+        }
+      }
+      rounds.push_back(rj);
+    }
+    json med = json::object();
+    for (const auto& [key, v] : ratio_of) med[key]["speed_vs_llama_cpp"] = median(v);
+    for (const auto& [key, v] : stream_of) med[key]["extra_vs_kv_stream"] = median(v);
+    out["context_head_to_head"] = {{"rounds", rounds}, {"median", med}};
+    fmt::print("long context, medians of {} rounds (speed = llama.cpp ms / ours; extra = time over the shortest context / "
+               "its KV bytes at bandwidth):\n",
+               rounds.size());
+    for (const auto& [key, v] : med.items())
+      fmt::print("  {:>16}: {}\n", key, v.dump());
   }
 
   out["loadavg_after_peer"] = loadavg();

@@ -3,6 +3,8 @@
 #include <limits>
 #include <new>
 
+#include <sys/mman.h>
+
 #include <fmt/format.h>
 
 #include "gdn/core/error.hpp"
@@ -23,6 +25,15 @@ void allocate(std::vector<T>& v, std::int64_t n, T value, const char* what) {
   }
 }
 
+// Best effort: the 2 MiB-aligned part of [p, p + n) into transparent huge pages (before any write:
+// pages already faulted in stay 4 KiB).
+void advise_huge_pages(std::byte* p, std::size_t n) {
+  constexpr std::uintptr_t huge = std::uintptr_t{2} << 20;
+  const auto a = (reinterpret_cast<std::uintptr_t>(p) + huge - 1) & ~(huge - 1);
+  const auto e = (reinterpret_cast<std::uintptr_t>(p) + n) & ~(huge - 1);
+  if (a < e) (void)::madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
+}
+
 }  // namespace
 
 KvStore::KvStore(std::int64_t pages, int page_size, int layers, int kv_heads, int head_dim, DType dtype)
@@ -34,7 +45,11 @@ KvStore::KvStore(std::int64_t pages, int page_size, int layers, int kv_heads, in
   if (__builtin_mul_overflow(pages, page_bytes(), &bytes))
     throw Error(Status::out_of_capacity,
                 fmt::format("a KV cache of {} pages of {} elements cannot be addressed", pages, page_elements_));
-  allocate(data_, bytes, std::byte{0}, "KV cache");
+  data_.reset(new (std::nothrow) std::byte[static_cast<std::size_t>(bytes)]);
+  if (!data_ && bytes > 0)
+    throw Error(Status::out_of_capacity, fmt::format("cannot allocate {} bytes of host memory for the KV cache", bytes));
+  advise_huge_pages(data_.get(), static_cast<std::size_t>(bytes));
+  std::memset(data_.get(), 0, static_cast<std::size_t>(bytes));
 }
 
 void KvStore::read_page(std::int32_t page, float* out) const noexcept {

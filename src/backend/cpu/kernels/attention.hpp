@@ -28,20 +28,16 @@ inline float kv_dot(const float* a, const T* b, int n) {
   return total;
 }
 
-// Pulls one key row and one value row towards L2. A page holds 16 positions of a head: runs of a
+// Pulls bytes [b0, b1) of a stored row towards L2. A page holds 16 positions of a head: runs of a
 // few KiB, too short for the hardware prefetcher to ramp up on before the stream jumps to the next
-// page, so decode at long context waited on memory between pages.
+// page, so decode at long context waited on memory between pages. The next block's keys are
+// prefetched as this block's keys are read, its values as this block's values are, a few lines
+// per step of the loop: a burst of them fills the miss buffers and stalls the loads the FMAs need.
 template <typename T>
-inline void prefetch_kv_row(const T* k, const T* v, int hd) {
-  const auto* kc = reinterpret_cast<const char*>(k);
-  const auto* vc = reinterpret_cast<const char*>(v);
-  const int bytes = hd * static_cast<int>(sizeof(T));
-  for (int off = 0; off < bytes; off += 64) {
-    __builtin_prefetch(kc + off, 0, 2);
-    __builtin_prefetch(vc + off, 0, 2);
-  }
+inline void prefetch_row_bytes(const T* row, int b0, int b1) {
+  const auto* c = reinterpret_cast<const char*>(row);
+  for (int off = b0; off < b1; off += 64) __builtin_prefetch(c + off, 0, 2);
 }
-
 // Rows of the block after the one being computed, to prefetch while computing it (n = 0: none).
 template <typename T>
 struct KvPrefetch {
@@ -117,7 +113,7 @@ inline void attention_scores(const float* const* q, const T* const* k, int n, in
                              KvPrefetch<T> next) {
   const __m512 vscale = _mm512_set1_ps(scale);
   for (int j = 0; j < n; j += 4) {
-    for (int r = j; r < std::min(j + 4, next.n); ++r) prefetch_kv_row(next.k[r], next.v[r], hd);
+    for (int r = j; r < std::min(j + 4, next.n); ++r) prefetch_row_bytes(next.k[r], 0, hd * static_cast<int>(sizeof(T)));
     const T* kr[4];
     for (int r = 0; r < 4; ++r) kr[r] = k[std::min(j + r, n - 1)];
     __m512 acc[16];
@@ -151,7 +147,8 @@ inline void attention_scores(const float* const* q, const T* const* k, int n, in
 // outputs are loaded and stored once per block. Each element sums the positions in order. Every
 // index is a constant, or the compiler keeps the accumulators in memory.
 template <int G, int U, typename T>
-inline void attention_values_slice(float* const* o, const float* const* p, const T* const* v, int n, int c, const float* corr) {
+inline void attention_values_slice(float* const* o, const float* const* p, const T* const* v, int n, int c, const float* corr,
+                                   KvPrefetch<T> next) {
   __m512 acc[G][U];
   for (int e = 0; e < G; ++e)
     for (int u = 0; u < U; ++u) {
@@ -160,7 +157,10 @@ inline void attention_values_slice(float* const* o, const float* const* p, const
     }
   const float* pe[G];
   for (int e = 0; e < G; ++e) pe[e] = p[e];
+  // This slice's bytes of the next block's value rows (the same columns: the same share of lines).
+  const int pb0 = c * static_cast<int>(sizeof(T)), pb1 = (c + 16 * U) * static_cast<int>(sizeof(T));
   for (int j = 0; j < n; ++j) {
+    if (j < next.n) prefetch_row_bytes(next.v[j], pb0, pb1);
     __m512 x[U];
     for (int u = 0; u < U; u += 2) kv_load32(v[j] + c + 16 * u, x[u], x[u + 1]);
     for (int e = 0; e < G; ++e) {
@@ -168,6 +168,7 @@ inline void attention_values_slice(float* const* o, const float* const* p, const
       for (int u = 0; u < U; ++u) acc[e][u] = _mm512_fmadd_ps(w, x[u], acc[e][u]);
     }
   }
+  for (int j = n; j < next.n; ++j) prefetch_row_bytes(next.v[j], pb0, pb1);
   for (int e = 0; e < G; ++e)
     for (int u = 0; u < U; ++u) _mm512_storeu_ps(o[e] + c + 16 * u, acc[e][u]);
 }
@@ -175,10 +176,11 @@ inline void attention_values_slice(float* const* o, const float* const* p, const
 // All hd dims (a multiple of 32), 64 at a time: the block's value rows are in L2 after the first
 // slice.
 template <int G, typename T>
-inline void attention_values(float* const* o, const float* const* p, const T* const* v, int n, int hd, const float* corr) {
+inline void attention_values(float* const* o, const float* const* p, const T* const* v, int n, int hd, const float* corr,
+                             KvPrefetch<T> next) {
   int c = 0;
-  for (; c + 64 <= hd; c += 64) attention_values_slice<G, 4>(o, p, v, n, c, corr);
-  if (c < hd) attention_values_slice<G, 2>(o, p, v, n, c, corr);
+  for (; c + 64 <= hd; c += 64) attention_values_slice<G, 4>(o, p, v, n, c, corr, next);
+  if (c < hd) attention_values_slice<G, 2>(o, p, v, n, c, corr, next);
 }
 #endif
 
@@ -187,7 +189,7 @@ template <int G, typename T>
 inline void attention_scores_generic(const float* const* q, const T* const* k, int n, int hd, float scale, float* const* sc,
                                      KvPrefetch<T> next) {
   for (int j = 0; j < n; ++j) {
-    if (j < next.n) prefetch_kv_row(next.k[j], next.v[j], hd);
+    if (j < next.n) prefetch_row_bytes(next.k[j], 0, hd * static_cast<int>(sizeof(T)));
     for (int e = 0; e < G; ++e) sc[e][j] = kv_dot(q[e], k[j], hd) * scale;
   }
 }
@@ -233,7 +235,7 @@ inline void attention_heads(const float* const* qv, float* const* o, float* cons
 #else
   attention_scores_generic<G>(qv, kp, n, hd, scale, sc, next);
 #endif
-  for (int j = n; j < next.n; ++j) prefetch_kv_row(next.k[j], next.v[j], hd);
+  for (int j = n; j < next.n; ++j) prefetch_row_bytes(next.k[j], 0, hd * static_cast<int>(sizeof(T)));
   float corr[4];
   bool rescale = false;
   for (int e = 0; e < G; ++e) {
@@ -252,10 +254,11 @@ inline void attention_heads(const float* const* qv, float* const* o, float* cons
   const float* const* p = sc;
 #if GDN_CPU_AVX512
   if (vector_path) {
-    attention_values<G>(o, p, vp, n, hd, rescale ? corr : nullptr);
+    attention_values<G>(o, p, vp, n, hd, rescale ? corr : nullptr, next);
     return;
   }
 #endif
+  for (int j = 0; j < next.n; ++j) prefetch_row_bytes(next.v[j], 0, hd * static_cast<int>(sizeof(T)));
   attention_values_generic<G>(o, p, vp, n, hd, rescale ? corr : nullptr);
 }
 
