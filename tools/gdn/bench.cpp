@@ -363,25 +363,30 @@ Batch1Speeds run_batch1(Context& ctx, SeqId s, std::span<const Token> prompt, in
   return out;
 }
 
-// Decode cost at each context length (ascending) on one sequence: the sequence is extended by a
-// prefill to each length in turn (its tokens/s is that extension's), then `runs` runs of N single
-// steps, each between two bandwidth probes. Rows: context, ms_per_token (median), runs (tok/s),
-// bandwidth_gb_s (median of the probes), prefill_tok_s.
+// Decode cost at each context length (ascending). One sequence is extended by a prefill to each
+// length in turn (its tokens/s is that extension's); a second stays at the shortest length. Each of
+// `runs` runs is a pair, N single steps of the short sequence then N of the long one, between two
+// bandwidth probes: the pair's difference is the cost of the longer context, taken seconds apart,
+// where this VM's bandwidth drifts over minutes. Rows: context, ms_per_token and extra_ms (medians),
+// runs (tok/s), bandwidth_gb_s, prefill_tok_s, kv_bytes_per_token, and extra_vs_kv_stream: the
+// extra time against the extra KV bytes read at the bandwidth (1.0: the cache streams at bandwidth).
 json context_decode_rows(const std::shared_ptr<const Model>& model, DType kv_dtype, std::vector<int> contexts, int N, int runs,
                          int threads, const RooflineProbe& probe, long& allocs, long& alloc_steps) {
   std::sort(contexts.begin(), contexts.end());
   const int V = model->config().vocab_size;
   ContextParams p;
-  p.max_sequences = 1;
+  p.max_sequences = 2;
   p.max_context = contexts.back() + static_cast<std::int64_t>(N) * (runs * static_cast<std::int64_t>(contexts.size()) + 1) + 8;
   p.max_batch_tokens = 512;
   p.threads = threads;
   p.kv_dtype = kv_dtype;
   Context ctx(model, p);
-  const SeqId s = ctx.create_sequence();
-  const SeqId seqs[1] = {s};
+  const SeqId base = ctx.create_sequence(), s = ctx.create_sequence();
+  const SeqId base_seq[1] = {base}, long_seq[1] = {s};
   Batch batch;
   batch.reserve(4, static_cast<std::size_t>(contexts.back()));
+  prefill(ctx, base, random_tokens(static_cast<std::size_t>(contexts.front()), V, 1), batch);
+  decode_steps(ctx, base_seq, N, batch, nullptr);  // a warm-up run: first touches of buffers and pages
   json rows = json::array();
   std::int64_t len = 0;
   for (const int L : contexts) {
@@ -395,28 +400,35 @@ json context_decode_rows(const std::shared_ptr<const Model>& model, DType kv_dty
       tp = seconds_since(t0);
       len = L;
     }
-    if (L == contexts.front()) {  // a warm-up run: first touches of the work buffers and pages
-      decode_steps(ctx, seqs, N, batch, nullptr);
-      len += N;
-    }
-    std::vector<double> dec, gbs;
+    std::vector<double> dec, extra, gbs;
     for (int r = 0; r < runs; ++r) {
       const double b0 = probe.gb_s();
-      dec.push_back(N / decode_steps(ctx, seqs, N, batch, &allocs));
+      const double t_base = decode_steps(ctx, base_seq, N, batch, &allocs);
+      const double t_long = decode_steps(ctx, long_seq, N, batch, &allocs);
       gbs.push_back(0.5 * (b0 + probe.gb_s()));
-      alloc_steps += N;
+      dec.push_back(N / t_long);
+      extra.push_back(1e3 * (t_long - t_base) / N);
+      alloc_steps += 2 * N;
       len += N;
     }
-    const double d = median(dec);
-    rows.push_back({{"context", L}, {"kv_dtype", std::string(dtype_name(kv_dtype))}, {"tok_s", d}, {"ms_per_token", 1e3 / d},
-                    {"runs", dec}, {"bandwidth_gb_s", median(gbs)}, {"prefill_tok_s", added > 0 ? added / tp : 0.0},
-                    {"kv_bytes_per_token", ctx.kv_bytes_per_token()}});
+    const double d = median(dec), bw = median(gbs), x = median(extra);
+    json row = {{"context", L}, {"kv_dtype", std::string(dtype_name(kv_dtype))}, {"tok_s", d}, {"ms_per_token", 1e3 / d},
+                {"runs", dec}, {"bandwidth_gb_s", bw}, {"prefill_tok_s", added > 0 ? added / tp : 0.0},
+                {"kv_bytes_per_token", ctx.kv_bytes_per_token()}};
+    if (L > contexts.front()) {
+      const double kv_ms = 1e3 * static_cast<double>(L - contexts.front()) * static_cast<double>(ctx.kv_bytes_per_token()) / (bw * 1e9);
+      row["extra_ms"] = x;
+      row["extra_ms_runs"] = extra;
+      row["kv_stream_ms"] = kv_ms;
+      row["extra_vs_kv_stream"] = x / kv_ms;
+    }
+    rows.push_back(row);
   }
   return rows;
 }
 
-// The extra time per token at each context over the shortest, against reading the extra KV bytes
-// at the bandwidth probed around the run (1.0: the cache streams at bandwidth).
+// The peer's rows (one sequence, measured apart): the extra time per token at each context over the
+// shortest, against reading the extra KV bytes at the bandwidth probed around its run.
 void add_kv_stream_ratios(json& rows) {
   if (rows.empty()) return;
   const json& base = rows[0];
@@ -815,12 +827,11 @@ int bench(int argc, char** argv) {
   // 4. Decode cost against context length, per KV dtype. The attention read grows with the
   // context: "extra" is the time per token beyond the shortest context's, against the added KV
   // bytes read per token over the bandwidth probed around the run (1.0: the KV streams at
-  // bandwidth).
-  if (!o.contexts.empty()) {
+  // bandwidth). With --context-rounds and a peer, the rounds below measure this instead.
+  if (!o.contexts.empty() && (o.context_rounds == 0 || o.peer_python.empty())) {
     json rows = json::array();
     for (const DType kvd : o.kv_dtypes) {
       json r = context_decode_rows(model, kvd, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
-      add_kv_stream_ratios(r);
       for (const auto& row : r) {
         std::string extra;
         if (row.contains("extra_vs_kv_stream"))
@@ -848,7 +859,7 @@ int bench(int argc, char** argv) {
 
   // 5. The peer: llama.cpp on the same weights, every measurement above.
   const auto peer_cmd = [&](int runs, const std::string& batches) {
-    return fmt::format("'{}' '{}' --model '{}' --threads {} --runs {} --decode-tokens {} --prompt-tokens {} --batches {} {}",
+    return fmt::format("'{}' '{}' --model '{}' --threads {} --runs {} --decode-tokens {} --prompt-tokens {} --batches '{}' {}",
                        o.peer_python, o.peer_script, dir, threads, runs, N, P, batches, o.peer_args);
   };
   if (!o.peer_python.empty()) {
@@ -987,9 +998,8 @@ int bench(int argc, char** argv) {
       std::vector<std::function<void(json&)>> order;
       for (const DType kvd : o.kv_dtypes)
         order.push_back([&, kvd](json& rj) {
-          json r = context_decode_rows(model, kvd, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
-          add_kv_stream_ratios(r);
-          rj[fmt::format("ours_{}", dtype_name(kvd))] = r;
+          rj[fmt::format("ours_{}", dtype_name(kvd))] =
+              context_decode_rows(model, kvd, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
         });
       order.push_back([&](json& rj) {
         json pj = run_peer(fmt::format("'{}' '{}' --model '{}' --threads {} --runs {} --decode-tokens {} --contexts {} --context-only {}",
