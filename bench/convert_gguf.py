@@ -18,7 +18,11 @@ follows the conventions of the converter llama.cpp ships (convert_hf_to_gguf.py,
 
 Matrices stay bf16 bit for bit; 1-D tensors are written as float32, as llama.cpp's converter does.
 
-usage: convert_gguf.py MODEL_DIR OUT.gguf [--tokenizer tokenizer.json(.gz)]
+--untie writes a tied model's embedding a second time as output.weight, so that llama.cpp's quantiser
+can give the output projection and the embedding lookup different types (bench/quant_accuracy.py
+quantises them as libgdn does: the output at the format, the embedding left bf16).
+
+usage: convert_gguf.py MODEL_DIR OUT.gguf [--tokenizer tokenizer.json(.gz)] [--untie]
 """
 
 import argparse
@@ -111,6 +115,7 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("out")
     ap.add_argument("--tokenizer", default=os.path.join(here, "..", "tests", "assets", "qwen35_tokenizer", "tokenizer.json.gz"))
+    ap.add_argument("--untie", action="store_true", help="write a tied embedding again as output.weight")
     args = ap.parse_args()
 
     cfg = json.load(open(os.path.join(args.model_dir, "config.json")))
@@ -207,6 +212,9 @@ def main():
                     a = retile(a, 1, hk, r, dv)
             w.add_tensor(gname, a, raw_dtype=gguf.GGMLQuantizationType.BF16)
         written += 1
+        if args.untie and hf == "model.embed_tokens.weight" and "lm_head.weight" not in tensors:
+            w.add_tensor(names.get_name("lm_head") + ".weight", a, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            written += 1
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

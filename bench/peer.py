@@ -28,8 +28,51 @@ import sys
 import time
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def convert(model_dir, gguf_path, tokenizer=None, untie=False):
+    """The bf16 GGUF of model_dir at gguf_path (bench/convert_gguf.py), converted once."""
+    if os.path.exists(gguf_path):
+        return gguf_path
+    print(f"converting {model_dir} to {gguf_path} ...", file=sys.stderr)
+    cmd = [sys.executable, os.path.join(HERE, "convert_gguf.py"), model_dir, gguf_path + ".tmp"]
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
+    if untie:
+        cmd += ["--untie"]
+    subprocess.run(cmd, check=True)
+    os.rename(gguf_path + ".tmp", gguf_path)
+    return gguf_path
+
+
+GGML_TYPE_BF16 = 30  # ggml.h; llama-cpp-python 0.3.36 does not export it
+
+
+def quantise(L, gguf_path, quant, threads, output_type=None, embedding_type=None, tag=""):
+    """llama.cpp's own quantiser (llama_model_quantize) on the bf16 GGUF: what a llama.cpp user runs
+    at these bits. Cached beside it as <stem>-<quant><tag>.gguf. output_type / embedding_type (ggml
+    type numbers) override llama.cpp's choice for output.weight / token_embd.weight (by default it
+    gives the output, or a tied embedding, Q6_K or Q8_0 at 4 bits: llama_tensor_get_type)."""
+    ftype = {"Q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_0": L.LLAMA_FTYPE_MOSTLY_Q4_0,
+             "Q4_K_M": L.LLAMA_FTYPE_MOSTLY_Q4_K_M}[quant]
+    qpath = gguf_path.replace("-bf16.gguf", "") + f"-{quant.lower()}{tag}.gguf"
+    if not os.path.exists(qpath):
+        print(f"quantising {gguf_path} to {qpath} ...", file=sys.stderr)
+        qp = L.llama_model_quantize_default_params()
+        qp.ftype = ftype
+        qp.nthread = threads
+        if output_type is not None:
+            qp.output_tensor_type = output_type
+        if embedding_type is not None:
+            qp.token_embedding_type = embedding_type
+        if L.llama_model_quantize(gguf_path.encode(), (qpath + ".tmp").encode(), qp) != 0:
+            sys.exit("llama.cpp could not quantise " + gguf_path)
+        os.rename(qpath + ".tmp", qpath)
+    return qpath
+
+
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
     ap.add_argument("--gguf", help="GGUF path (default: MODEL/model-bf16.gguf, converted if missing)")
@@ -45,28 +88,13 @@ def main():
     args = ap.parse_args()
 
     gguf_path = args.gguf or os.path.join(args.model, "model-bf16.gguf")
-    if not os.path.exists(gguf_path):
-        print(f"converting {args.model} to {gguf_path} ...", file=sys.stderr)
-        subprocess.run([sys.executable, os.path.join(here, "convert_gguf.py"), args.model, gguf_path + ".tmp"], check=True)
-        os.rename(gguf_path + ".tmp", gguf_path)
+    convert(args.model, gguf_path)
 
     import llama_cpp as L
 
     L.llama_backend_init()
     if args.quant:
-        # llama.cpp's quantiser on the same bf16 GGUF: what a llama.cpp user runs at these bits.
-        ftype = {"Q8_0": L.LLAMA_FTYPE_MOSTLY_Q8_0, "Q4_0": L.LLAMA_FTYPE_MOSTLY_Q4_0,
-                 "Q4_K_M": L.LLAMA_FTYPE_MOSTLY_Q4_K_M}[args.quant]
-        qpath = gguf_path.replace("-bf16.gguf", "") + f"-{args.quant.lower()}.gguf"
-        if not os.path.exists(qpath):
-            print(f"quantising {gguf_path} to {qpath} ...", file=sys.stderr)
-            qp = L.llama_model_quantize_default_params()
-            qp.ftype = ftype
-            qp.nthread = args.threads
-            if L.llama_model_quantize(gguf_path.encode(), (qpath + ".tmp").encode(), qp) != 0:
-                sys.exit("llama.cpp could not quantise " + gguf_path)
-            os.rename(qpath + ".tmp", qpath)
-        gguf_path = qpath
+        gguf_path = quantise(L, gguf_path, args.quant, args.threads)
     mp = L.llama_model_default_params()
     mp.use_mmap = True
     if os.environ.get("PEER_NO_EXTRA_BUFTS"):
