@@ -210,8 +210,12 @@ struct Engine::Impl {
   // Adaptive MTP's gate (start_mtp): requests are admitted in cohorts that all draft or all decode plainly,
   // and the decode loops whose every sequence belongs to one kind measure that kind's seconds per token.
   PerTokenCost cost_plain, cost_mtp;
+  // A cohort lasts until kCohortLoops loops of one kind were measured since it began: one request of 64
+  // tokens alone, about one turnover of the batch when many run.
+  static constexpr std::int64_t kCohortLoops = 64;
   bool cohort_mtp = false;
-  int cohort_left = 0, cohorts_since_explore = 0, explore_every = 4;
+  std::int64_t cohort_loops = kCohortLoops;
+  int cohorts_since_explore = 0, explore_every = 4;
   bool exploring = false, mtp_pays = false;
   Batch batch, mtp_batch;
   std::vector<float> mtp_hidden, probs;
@@ -350,7 +354,10 @@ void Engine::Impl::loop() {
     for (const auto& s : running) generated += s->generated;
     const bool one_kind = running.size() == n && (n_mtp == 0 || n_mtp == n);
     finish_slots();  // inside the measured time: a drafting request's last MTP catch-up happens here
-    if (mtp_enabled && cfg.mtp_adaptive && one_kind) (n_mtp > 0 ? cost_mtp : cost_plain).add(n, seconds(Clock::now() - t0), generated);
+    if (mtp_enabled && cfg.mtp_adaptive && one_kind) {
+      (n_mtp > 0 ? cost_mtp : cost_plain).add(n, seconds(Clock::now() - t0), generated);
+      ++cohort_loops;
+    }
   }
   cache.clear();
 }
@@ -416,10 +423,10 @@ double Engine::Impl::mtp_cost_ratio(std::int64_t& samples) const {
   return den > 0 ? num / den : 0.0;
 }
 
-// Whether a new request drafts. Requests are admitted in cohorts of --max-sequences that all draft or all
-// decode plainly, so that most engine loops hold one kind only and measure its seconds per generated token:
-// the whole loop, prefill, the MTP layer, the step, sampling, handing tokens over, snapshots at the end
-// (a loop of mixed kinds measures neither). A cohort drafts when drafting measurably paid: MTP's time per
+// Whether a new request drafts. Requests are admitted in cohorts that all draft or all decode plainly, so
+// that most engine loops hold one kind only and measure its seconds per generated token: the whole loop,
+// prefill, the MTP layer, the step, sampling, handing tokens over, snapshots at the end (a loop of mixed
+// kinds measures neither). A cohort lasts kCohortLoops measured loops. A cohort drafts when drafting measurably paid: MTP's time per
 // token at least 3 % below plain decoding's, at the same numbers of running sequences. Until both are
 // measured the cohorts alternate; after that, every explore_every-th cohort takes the other kind so that a
 // change (acceptance, load) is noticed, and the interval doubles (to 64) each time the exploration confirms
@@ -428,10 +435,7 @@ double Engine::Impl::mtp_cost_ratio(std::int64_t& samples) const {
 bool Engine::Impl::start_mtp() {
   if (!mtp_enabled) return false;
   if (!cfg.mtp_adaptive) return true;
-  if (cohort_left > 0) {
-    --cohort_left;
-    return cohort_mtp;
-  }
+  if (cohort_loops < kCohortLoops) return cohort_mtp;
   std::int64_t samples = 0;
   const double ratio = mtp_cost_ratio(samples);
   const bool pays = ratio > 0 && ratio < 0.97;
@@ -447,7 +451,7 @@ bool Engine::Impl::start_mtp() {
     if (exploring) cohorts_since_explore = 0;
     cohort_mtp = exploring ? !pays : pays;
   }
-  cohort_left = std::max(cfg.max_sequences, 4) - 1;
+  cohort_loops = 0;
   return cohort_mtp;
 }
 
