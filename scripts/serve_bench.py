@@ -279,6 +279,8 @@ def main():
     # descheduled worker (a scheduler tick, ms) would measure the machine's other load, not the server.
     ap.add_argument("--tiny-threads", default="1")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per throughput request (after an 8-token prompt)")
+    ap.add_argument("--lock", help="a file to flock around each pair of measurements (a machine shared with other "
+                                   "benchmarks: each pair runs alone, and others run between pairs)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     sys.path.insert(0, str(ROOT / "build/python-site"))
@@ -314,37 +316,55 @@ def main():
         finally:
             s.stop()
 
+    import contextlib
+    import fcntl
+
+    @contextlib.contextmanager
+    def alone():
+        if not args.lock:
+            yield
+            return
+        with open(args.lock, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     for r in range(args.rounds):
         first = ("plain", "mtp") if r % 2 == 0 else ("mtp", "plain")
         if "throughput" in parts:
             # gdn bench (every batch) and the server (every concurrency) back to back, in alternating order.
-            for which in (("offline", "server") if r % 2 == 0 else ("server", "offline")):
-                got = offline_bench(args.gdn, base, conc, 3, 16) if which == "offline" else server_throughput(r)
-                for c in conc:
-                    tp[c][which].append(got[c])
+            with alone():
+                for which in (("offline", "server") if r % 2 == 0 else ("server", "offline")):
+                    got = offline_bench(args.gdn, base, conc, 3, 16) if which == "offline" else server_throughput(r)
+                    for c in conc:
+                        tp[c][which].append(got[c])
             for c in conc:
                 log(f"round {r + 1}: concurrency {c}: server {tp[c]['server'][-1]:.2f} tok/s, offline "
                     f"{tp[c]['offline'][-1]:.2f} ({tp[c]['server'][-1] / tp[c]['offline'][-1]:.3f})")
         for c in conc if "mtp" in parts else []:
-            for mode in first:
-                tok_s, drafted, accepted = mtp_throughput(mtp_model, mode, c, 100 + r, [*common, "--cache-bytes", "256M"],
-                                                          args.seconds, 3.0)
-                mt[c][mode].append(tok_s)
-                if mode == "mtp":
-                    mt[c].setdefault("drafted", []).append(drafted)
-                    mt[c].setdefault("accepted", []).append(accepted)
+            with alone():
+                for mode in first:
+                    tok_s, drafted, accepted = mtp_throughput(mtp_model, mode, c, 100 + r,
+                                                              [*common, "--cache-bytes", "256M"], args.seconds, 3.0)
+                    mt[c][mode].append(tok_s)
+                    if mode == "mtp":
+                        mt[c].setdefault("drafted", []).append(drafted)
+                        mt[c].setdefault("accepted", []).append(accepted)
             log(f"round {r + 1}: 0.8b+mtp head, concurrency {c}: plain {mt[c]['plain'][-1]:.2f}, adaptive mtp "
                 f"{mt[c]['mtp'][-1]:.2f} tok/s ({mt[c]['mtp'][-1] / mt[c]['plain'][-1]:.3f})")
         for c in tiny if "tiny" in parts else []:
-            for mode in first:
-                tok_s, drafted, accepted = mtp_throughput(
-                    ROOT / "models/gdn-tiny", mode, c, 200 + r,
-                    ["--threads", args.tiny_threads, "--max-sequences", "16", "--cache-bytes", "64M"], args.tiny_seconds, 1.0,
-                    max_tokens=16, prompts=TINY_PROMPTS)
-                tiny[c][mode].append(tok_s)
-                if mode == "mtp":
-                    tiny[c].setdefault("drafted", []).append(drafted)
-                    tiny[c].setdefault("accepted", []).append(accepted)
+            with alone():
+                for mode in first:
+                    tok_s, drafted, accepted = mtp_throughput(
+                        ROOT / "models/gdn-tiny", mode, c, 200 + r,
+                        ["--threads", args.tiny_threads, "--max-sequences", "16", "--cache-bytes", "64M"],
+                        args.tiny_seconds, 1.0, max_tokens=16, prompts=TINY_PROMPTS)
+                    tiny[c][mode].append(tok_s)
+                    if mode == "mtp":
+                        tiny[c].setdefault("drafted", []).append(drafted)
+                        tiny[c].setdefault("accepted", []).append(accepted)
             log(f"round {r + 1}: gdn-tiny, concurrency {c}: plain {tiny[c]['plain'][-1]:.1f}, adaptive mtp "
                 f"{tiny[c]['mtp'][-1]:.1f} tok/s ({tiny[c]['mtp'][-1] / tiny[c]['plain'][-1]:.3f})")
 
