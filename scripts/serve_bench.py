@@ -173,37 +173,73 @@ def stream(port, path, body, on_tokens, stop_flag=None):
     return usage
 
 
-def throughput(port, concurrency, seconds, warmup, max_tokens=64, prompt_len=8, seed=0, vocab=(1000, 150000), prompts=None):
-    """Clients loop streaming completions (back to back); tokens/s over a window after a warm-up."""
-    stop = threading.Event()
-    events = []  # (time, tokens)
-    lock = threading.Lock()
+async def _load_client(port, bodies, stream, stop):
+    """One client: requests back to back, each on its own connection (Connection: close, so a response ends
+    at EOF). The client only reads bytes: no JSON or SSE parsing per token, so it costs the cores the server
+    runs on next to nothing. Tokens are counted by the server (/metrics), not here."""
+    import asyncio
+    while not stop.is_set():
+        body = json.dumps({**next(bodies), "stream": stream}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+        head = await reader.read(12)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"request failed: {head + await reader.read()!r}")
+        while await reader.read(1 << 16):
+            pass
+        writer.close()
+
+
+def generated_tokens(port):
+    """The server's count of generated tokens; raises if any request failed (a figure must not hide errors)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    failed = float(re.search(r'^gdn_requests_total\{outcome="failed"\} (\S+)$', text, re.M).group(1))
+    if failed:
+        raise RuntimeError(f"{failed:.0f} requests failed on the server")
+    return float(re.search(r"^gdn_generation_tokens_total (\S+)$", text, re.M).group(1))
+
+
+def throughput(port, concurrency, seconds, warmup, max_tokens=64, prompt_len=8, seed=0, vocab=(1000, 150000), prompts=None,
+               stream=True):
+    """`concurrency` clients loop on completions (asyncio, one thread); tokens/s over a window after a warm-up,
+    counted by the server's gdn_generation_tokens_total (every generated token, whoever asked for it)."""
+    import asyncio
+    import itertools
+
     rng = random.Random(seed)
 
-    def on_tokens(t, n):
-        with lock:
-            events.append((t, n))
-
-    def client(ci):
-        local = random.Random(rng.random())
-        while not stop.is_set():
+    def bodies():
+        for _ in itertools.count():
             if prompts:
-                body = {"prompt": local.choice(prompts), "max_tokens": max_tokens, "temperature": 0}
+                yield {"prompt": rng.choice(prompts), "max_tokens": max_tokens, "temperature": 0}
             else:
-                body = {"prompt": [local.randrange(*vocab) for _ in range(prompt_len)], "max_tokens": max_tokens,
-                        "ignore_eos": True, "temperature": 0}
-            stream(port, "/v1/completions", body, on_tokens, stop)
+                yield {"prompt": [rng.randrange(*vocab) for _ in range(prompt_len)], "max_tokens": max_tokens,
+                       "ignore_eos": True, "temperature": 0}
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    time.sleep(warmup + seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    a, b = t0 + warmup, t0 + warmup + seconds
-    return sum(n for t, n in events if a <= t < b) / seconds
+    result = {}
+
+    async def run():
+        stop = asyncio.Event()
+        gen = bodies()
+        tasks = [asyncio.create_task(_load_client(port, gen, stream, stop)) for _ in range(concurrency)]
+        await asyncio.sleep(warmup)
+        loop = asyncio.get_running_loop()
+        n0, t0 = await loop.run_in_executor(None, generated_tokens, port), time.perf_counter()
+        await asyncio.sleep(seconds)
+        n1, t1 = await loop.run_in_executor(None, generated_tokens, port), time.perf_counter()
+        result["tok_s"] = (n1 - n0) / (t1 - t0)
+        stop.set()
+        for t in tasks:  # hang up: the server frees those slots within a step
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(run())
+    return result["tok_s"]
 
 
 def offline_bench(gdn, model, batches, runs, tokens):
@@ -234,60 +270,155 @@ def main():
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--out", default=str(ROOT / "docs/bench-results/serve-0.8b.json"))
     ap.add_argument("--threads", default="0")
+    ap.add_argument("--parts", default="throughput,mtp,tiny,ttft",
+                    help="which figures: throughput (server vs gdn bench), mtp (0.8B, random head), tiny (gdn-tiny MTP), ttft")
+    ap.add_argument("--client", choices=["stream", "whole"], default="stream",
+                    help="throughput clients: streamed responses (the server formats an event per token) or whole ones")
+    ap.add_argument("--tiny-seconds", type=float, default=8.0)
+    # One thread: a gdn-tiny step takes ~0.1 ms, so on a shared machine a two-thread pool waiting for a
+    # descheduled worker (a scheduler tick, ms) would measure the machine's other load, not the server.
+    ap.add_argument("--tiny-threads", default="1")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per throughput request (after an 8-token prompt)")
+    ap.add_argument("--lock", help="a file to flock around each pair of measurements (a machine shared with other "
+                                   "benchmarks: each pair runs alone, and others run between pairs)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     sys.path.insert(0, str(ROOT / "build/python-site"))
-    import gdn as gdnpy
 
     base, mtp_model = ensure_models(args.gdn, pathlib.Path(args.cache))
     conc = [int(x) for x in args.concurrency.split(",")]
-    res = {"model": str(base), "rounds": args.rounds, "seconds": args.seconds, "concurrency": conc,
+    res = {"model": str(base), "rounds": args.rounds, "seconds": args.seconds, "concurrency": conc, "client": args.client,
            "loadavg_start": os.getloadavg()[0], "throughput": {}, "mtp": {}, "ttft": {}, "memory": {}}
     common = ["--threads", args.threads, "--max-context", "1024", "--max-sequences", str(max(conc))]
+    stream_mode = args.client == "stream"
 
-    # 1 + 3: throughput, server vs offline, and MTP vs plain, alternating within each round.
+    # 1 + 3: throughput, server vs offline, and MTP vs plain, each pair measured back to back within a round,
+    # in alternating order (even rounds: the reference first; odd rounds: the other first).
     tp = {c: {"server": [], "offline": []} for c in conc}
     mt = {c: {"plain": [], "mtp": []} for c in conc}
     tiny = {c: {"plain": [], "mtp": []} for c in (1, 4)}
-    for r in range(args.rounds):
-        log(f"round {r + 1}/{args.rounds}: offline gdn bench")
-        off = offline_bench(args.gdn, base, conc, 3, 16)
+
+    def server_throughput(r):
         s = Server(args.gdn, base, *common, "--cache-bytes", "256M")
         res["memory"]["0.8b"] = s.figures()
-        for c in conc:
-            tp[c]["offline"].append(off[c])
-            tp[c]["server"].append(throughput(s.port, c, args.seconds, 3.0, seed=r))
-            log(f"  concurrency {c}: server {tp[c]['server'][-1]:.2f} tok/s, offline {off[c]:.2f}")
-        s.stop()
-        for c in conc:
-            for mode, extra in (("plain", ["--mtp", "0"]), ("mtp", ["--mtp", "2"])) if r % 2 == 0 else \
-                    (("mtp", ["--mtp", "2"]), ("plain", ["--mtp", "0"])):
-                s = Server(args.gdn, mtp_model, *common, "--cache-bytes", "256M", *extra)
-                mt[c][mode].append(throughput(s.port, c, args.seconds, 3.0, seed=100 + r))
-                if mode == "mtp":
-                    m = s.metrics()
-                    mt[c].setdefault("drafted", []).append(m["gdn_mtp_draft_tokens_total"])
-                    mt[c].setdefault("accepted", []).append(m["gdn_mtp_accepted_tokens_total"])
-                s.stop()
-            log(f"  0.8b+mtp head, concurrency {c}: plain {mt[c]['plain'][-1]:.2f}, adaptive mtp {mt[c]['mtp'][-1]:.2f} tok/s")
-        for c in tiny:
-            for mode, extra in (("plain", ["--mtp", "0"]), ("mtp", ["--mtp", "2"])):
-                s = Server(args.gdn, ROOT / "models/gdn-tiny", "--threads", args.threads, "--max-sequences", "16",
-                           "--cache-bytes", "64M", *extra)
-                tiny[c][mode].append(throughput(s.port, c, 8.0, 1.0, max_tokens=16, seed=200 + r, prompts=TINY_PROMPTS))
-                s.stop()
-            log(f"  gdn-tiny, concurrency {c}: plain {tiny[c]['plain'][-1]:.1f}, adaptive mtp {tiny[c]['mtp'][-1]:.1f} tok/s")
+        try:
+            return {c: throughput(s.port, c, args.seconds, 3.0, max_tokens=args.max_tokens, seed=r, stream=stream_mode)
+                    for c in conc}
+        finally:
+            s.stop()
+
+    def mtp_throughput(model, mode, c, r, extra, seconds, warmup, **kw):
+        s = Server(args.gdn, model, *extra, "--mtp", "2" if mode == "mtp" else "0")
+        try:
+            tok_s = throughput(s.port, c, seconds, warmup, seed=r, stream=stream_mode, **kw)
+            m = s.metrics()
+            return tok_s, m["gdn_mtp_draft_tokens_total"], m["gdn_mtp_accepted_tokens_total"]
+        finally:
+            s.stop()
+
+    import contextlib
+    import fcntl
+
+    @contextlib.contextmanager
+    def alone():
+        if not args.lock:
+            yield
+            return
+        with open(args.lock, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    for r in range(args.rounds):
+        first = ("plain", "mtp") if r % 2 == 0 else ("mtp", "plain")
+        if "throughput" in parts:
+            # gdn bench (every batch) and the server (every concurrency) back to back, in alternating order.
+            with alone():
+                for which in (("offline", "server") if r % 2 == 0 else ("server", "offline")):
+                    got = offline_bench(args.gdn, base, conc, 3, 16) if which == "offline" else server_throughput(r)
+                    for c in conc:
+                        tp[c][which].append(got[c])
+            for c in conc:
+                log(f"round {r + 1}: concurrency {c}: server {tp[c]['server'][-1]:.2f} tok/s, offline "
+                    f"{tp[c]['offline'][-1]:.2f} ({tp[c]['server'][-1] / tp[c]['offline'][-1]:.3f})")
+        for c in conc if "mtp" in parts else []:
+            with alone():
+                for mode in first:
+                    tok_s, drafted, accepted = mtp_throughput(mtp_model, mode, c, 100 + r,
+                                                              [*common, "--cache-bytes", "256M"], args.seconds, 3.0)
+                    mt[c][mode].append(tok_s)
+                    if mode == "mtp":
+                        mt[c].setdefault("drafted", []).append(drafted)
+                        mt[c].setdefault("accepted", []).append(accepted)
+            log(f"round {r + 1}: 0.8b+mtp head, concurrency {c}: plain {mt[c]['plain'][-1]:.2f}, adaptive mtp "
+                f"{mt[c]['mtp'][-1]:.2f} tok/s ({mt[c]['mtp'][-1] / mt[c]['plain'][-1]:.3f})")
+        for c in tiny if "tiny" in parts else []:
+            with alone():
+                for mode in first:
+                    tok_s, drafted, accepted = mtp_throughput(
+                        ROOT / "models/gdn-tiny", mode, c, 200 + r,
+                        ["--threads", args.tiny_threads, "--max-sequences", "16", "--cache-bytes", "64M"],
+                        args.tiny_seconds, 1.0, max_tokens=16, prompts=TINY_PROMPTS)
+                    tiny[c][mode].append(tok_s)
+                    if mode == "mtp":
+                        tiny[c].setdefault("drafted", []).append(drafted)
+                        tiny[c].setdefault("accepted", []).append(accepted)
+            log(f"round {r + 1}: gdn-tiny, concurrency {c}: plain {tiny[c]['plain'][-1]:.1f}, adaptive mtp "
+                f"{tiny[c]['mtp'][-1]:.1f} tok/s ({tiny[c]['mtp'][-1] / tiny[c]['plain'][-1]:.3f})")
 
     def med(v):
         return statistics.median(v) if v else 0.0
 
+    def ratios(a, b):
+        return [x / y for x, y in zip(a, b) if y > 0]
+
     for c in conc:
-        res["throughput"][c] = {"server_tok_s": tp[c]["server"], "offline_tok_s": tp[c]["offline"],
-                                "ratio_median": med([a / b for a, b in zip(tp[c]["server"], tp[c]["offline"])])}
-        res["mtp"][c] = {**mt[c], "ratio_median": med([a / b for a, b in zip(mt[c]["mtp"], mt[c]["plain"])])}
-    res["mtp_tiny"] = {c: {**tiny[c], "ratio_median": med([a / b for a, b in zip(tiny[c]["mtp"], tiny[c]["plain"])])}
-                       for c in tiny}
+        rt = ratios(tp[c]["server"], tp[c]["offline"])
+        res["throughput"][c] = {"server_tok_s": tp[c]["server"], "offline_tok_s": tp[c]["offline"], "ratios": rt,
+                                "ratio_median": med(rt)}
+        rm = ratios(mt[c]["mtp"], mt[c]["plain"])
+        res["mtp"][c] = {**mt[c], "ratios": rm, "ratio_median": med(rm)}
+    res["mtp_tiny"] = {}
+    for c in tiny:
+        rm = ratios(tiny[c]["mtp"], tiny[c]["plain"])
+        res["mtp_tiny"][c] = {**tiny[c], "ratios": rm, "ratio_median": med(rm)}
 
     # 2. Time to first token behind a 2,000-token system prompt, cold and cached.
+    if "ttft" in parts:
+        run_ttft(args, base, res, med)
+    res["loadavg_end"] = os.getloadavg()[0]
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+
+    def spread(v):
+        return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+
+    print(f"clients: {args.client}")
+    print("| concurrency | gdn serve tok/s | gdn bench tok/s | ratio (median) | ratios of the rounds |")
+    print("|---|---|---|---|---|")
+    for c in conc if "throughput" in parts else []:
+        t = res["throughput"][c]
+        print(f"| {c} | {med(t['server_tok_s']):.2f} | {med(t['offline_tok_s']):.2f} | {t['ratio_median']:.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in t['ratios'])} |")
+    print()
+    print("| | plain tok/s | adaptive MTP tok/s | ratio (median) | ratios of the rounds | drafted / accepted |")
+    print("|---|---|---|---|---|---|")
+    for name, table in (("0.8b+random MTP", res["mtp"] if "mtp" in parts else {}),
+                        ("gdn-tiny", res["mtp_tiny"] if "tiny" in parts else {})):
+        for c, m in table.items():
+            print(f"| {name}, concurrency {c} | {med(m['plain']):.2f} | {med(m['mtp']):.2f} | {m['ratio_median']:.3f} | "
+                  f"{', '.join(f'{x:.3f}' for x in m['ratios'])} | {med(m.get('drafted', [0])):.0f} / "
+                  f"{med(m.get('accepted', [0])):.0f} |")
+    if "ttft" in parts:
+        t = res["ttft"]
+        print(f"\nTTFT cold {t['cold_median_s'] * 1000:.0f} ms, cache hit {t['hit_median_s'] * 1000:.0f} ms: "
+              f"{t['speedup']:.1f}x (cached tokens {t['hit_cached_tokens']})")
+
+
+def run_ttft(args, base, res, med):
+    import gdn as gdnpy
     tok = gdnpy.Tokenizer.from_file(str(base / "tokenizer.json"))
     words = ("the of and to in is for on with as by at from that this are be or an it was which but not have has "
              "been more can will about their other after first new also into time years two may some only").split()
@@ -316,28 +447,6 @@ def main():
     s.stop()
     res["ttft"] = {"cold_s": cold, "hit_s": hit, "hit_cached_tokens": cached, "cold_median_s": med(cold),
                    "hit_median_s": med(hit), "speedup": med(cold) / med(hit)}
-    res["loadavg_end"] = os.getloadavg()[0]
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-
-    print("| concurrency | gdn serve tok/s | gdn bench tok/s | ratio |")
-    print("|---|---|---|---|")
-    for c in conc:
-        t = res["throughput"][c]
-        print(f"| {c} | {med(t['server_tok_s']):.2f} | {med(t['offline_tok_s']):.2f} | {t['ratio_median']:.2f} |")
-    print()
-    print("| concurrency | 0.8b+random MTP: plain | adaptive MTP | ratio | drafted / accepted |")
-    print("|---|---|---|---|---|")
-    for c in conc:
-        m = res["mtp"][c]
-        print(f"| {c} | {med(m['plain']):.2f} | {med(m['mtp']):.2f} | {m['ratio_median']:.2f} | "
-              f"{med(m.get('drafted', [0])):.0f} / {med(m.get('accepted', [0])):.0f} |")
-    for c, m in res["mtp_tiny"].items():
-        print(f"| gdn-tiny {c} | {med(m['plain']):.1f} | {med(m['mtp']):.1f} | {m['ratio_median']:.2f} | |")
-    print()
-    t = res["ttft"]
-    print(f"TTFT cold {t['cold_median_s'] * 1000:.0f} ms, cache hit {t['hit_median_s'] * 1000:.0f} ms: "
-          f"{t['speedup']:.1f}x (cached tokens {cached})")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 # gdn serve (included from tests/CMakeLists.txt): the engine, prefix cache and text pipeline without
 # HTTP (test_serve.cpp), and the HTTP server end to end with the official openai client, curl and raw
-# sockets (serve/test_server.py; needs the Python module for its offline references).
+# sockets (serve/test_server.py, serve/test_tool_calls.py; need the Python module for their offline
+# references).
 if(TARGET gdn_serve_core)
   gdn_add_test(test_serve test_serve.cpp)
   target_link_libraries(test_serve PRIVATE gdn_serve_core nlohmann_json::nlohmann_json)
@@ -17,6 +18,12 @@ if(TARGET gdn_serve_core AND GDN_HAVE_SERVE AND _gdn_py_missing STREQUAL "" AND 
     set_tests_properties(serve_http PROPERTIES
       ENVIRONMENT "${_gdn_py_env};GDN_CLI=$<TARGET_FILE:gdn_cli>;GDN_TINY=${PROJECT_SOURCE_DIR}/models/gdn-tiny"
       FIXTURES_REQUIRED gdn_python LABELS serve TIMEOUT 240)
+    # Tool calls through HTTP, from a model that writes one (serve/make_tool_model.py builds it from
+    # gdn-tiny at test time with numpy; a few seconds).
+    add_test(NAME serve_tool_calls COMMAND ${_gdn_pytest} ${CMAKE_CURRENT_SOURCE_DIR}/serve/test_tool_calls.py)
+    set_tests_properties(serve_tool_calls PROPERTIES
+      ENVIRONMENT "${_gdn_py_env};GDN_CLI=$<TARGET_FILE:gdn_cli>;GDN_TINY=${PROJECT_SOURCE_DIR}/models/gdn-tiny"
+      FIXTURES_REQUIRED gdn_python LABELS serve TIMEOUT 120)
   else()
     message(STATUS "libgdn: gdn serve's HTTP tests skipped: ${GDN_PYTHON} has no openai package (scripts/install-deps.sh installs it)")
   endif()

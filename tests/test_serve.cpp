@@ -367,6 +367,17 @@ TEST_CASE("stop strings across token boundaries; nothing after a stop", "[serve]
   CHECK(all == "abc ");  // "xy" might begin "xyz": held back
   none.finish(piece);
   CHECK(all + piece == "abc xy");
+  // gdn-tiny's vocab_size (512) is padded past its tokenizer's ids (483), as Qwen's checkpoints are: a padding
+  // id a model samples has no text (transformers decodes it to nothing) and the request goes on.
+  REQUIRE(t.tok.vocab_size() < t.model->config().vocab_size);
+  StopText padded(t.tok, {});
+  all.clear();
+  for (const Token id : {t.tok.encode("ab")[0], static_cast<Token>(t.model->config().vocab_size - 1), t.tok.encode("cd")[0]}) {
+    CHECK_FALSE(padded.push(id, piece));
+    all += piece;
+  }
+  padded.finish(piece);
+  CHECK(all + piece == t.tok.decode(std::vector<Token>{t.tok.encode("ab")[0], t.tok.encode("cd")[0]}));
 }
 
 TEST_CASE("chat output: reasoning, content, tool calls; streamed == whole; malformed calls stay content", "[serve][text]") {

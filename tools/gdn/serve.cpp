@@ -58,7 +58,7 @@ int usage() {
       "                 [--pack | --in-place | --image FILE] [--quant q8_0|q4_0]   where the CPU backend reads the weights (gdn pack)\n"
       "  --port 0           pick a free port (printed on stdout: 'listening on http://HOST:PORT')\n"
       "  --cache-bytes B    memory for the prefix cache (snapshots and the KV pages they keep); 0 disables it\n"
-      "  --mtp K            MTP speculative decoding with up to K drafts per round, k adapted per request\n"
+      "  --mtp K            MTP speculative decoding with up to K drafts per round, where measured to pay\n"
       "  --mtp-fixed        draft K every round, never adapted (tests, measurements)\n"
       "  --step-tokens N    tokens per step: every running decode plus prefill chunks of new requests\n",
       stderr);

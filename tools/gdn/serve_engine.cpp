@@ -62,6 +62,25 @@ struct CostFit {
   }
 };
 
+// Seconds per generated token of engine loops, by the number of running sequences (a loop's cost per token
+// depends on its batch): the ratio of exponentially weighted sums of seconds and of tokens, so that a loop
+// that only prefills (no token) still counts its time. The weights forget slowly (by 1/256 per loop), so a
+// change of load shows within a few cohorts.
+struct PerTokenCost {
+  std::vector<double> seconds, tokens;
+  std::vector<std::int64_t> loops;
+  explicit PerTokenCost(int buckets)
+      : seconds(static_cast<std::size_t>(buckets) + 1, 0.0), tokens(seconds.size(), 0.0), loops(seconds.size(), 0) {}
+  void add(std::size_t batch, double s, std::int64_t n) {
+    constexpr double decay = 1.0 - 1.0 / 256;
+    batch = std::min(batch, seconds.size() - 1);
+    seconds[batch] = seconds[batch] * decay + s;
+    tokens[batch] = tokens[batch] * decay + static_cast<double>(n);
+    ++loops[batch];
+  }
+  double per_token(std::size_t b) const { return tokens[b] > 0 ? seconds[b] / tokens[b] : 0.0; }
+};
+
 }  // namespace
 
 void Histogram::add(double v) {
@@ -134,6 +153,7 @@ struct Slot {
   std::int64_t last_snapshot = 0;
   // MTP: pairs (hidden of position t, token at t + 1) not yet fed to the MTP layer.
   bool mtp = false;
+  bool mtp_cohort = false;  // admitted to draft (the gate's cohort), even after it stops drafting
   std::vector<float> pair_hidden;
   std::vector<Token> pair_tokens;
   std::vector<Token> drafts;
@@ -155,7 +175,8 @@ struct Slot {
 
 struct Engine::Impl {
   Impl(std::shared_ptr<const Model> m, const Tokenizer& t, const EngineConfig& c, const ContextParams& cp)
-      : model(std::move(m)), tok(t), cfg(c), ctx(model, cp), cache(ctx, c.cache_bytes) {
+      : model(std::move(m)), tok(t), cfg(c), ctx(model, cp), cache(ctx, c.cache_bytes), cost_plain(c.max_sequences),
+        cost_mtp(c.max_sequences) {
     V = model->config().vocab_size;
     H = model->config().hidden_size;
     mtp_enabled = cfg.mtp > 0 && model->has_mtp();
@@ -184,9 +205,18 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Slot>> running;
   CostFit main_cost, draft_cost;
   double alpha_global = 0.5;
-  std::int64_t started = 0;
   std::size_t last_decoding = 0, last_drafting = 0;
   std::int64_t last_rows = 0;
+  // Adaptive MTP's gate (start_mtp): requests are admitted in cohorts that all draft or all decode plainly,
+  // and the decode loops whose every sequence belongs to one kind measure that kind's seconds per token.
+  PerTokenCost cost_plain, cost_mtp;
+  // A cohort lasts until kCohortLoops loops of one kind were measured since it began: one request of 64
+  // tokens alone, about one turnover of the batch when many run.
+  static constexpr std::int64_t kCohortLoops = 64;
+  bool cohort_mtp = false;
+  std::int64_t cohort_loops = kCohortLoops;
+  int cohorts_since_explore = 0, explore_every = 4;
+  bool exploring = false, mtp_pays = false;
   Batch batch, mtp_batch;
   std::vector<float> mtp_hidden, probs;
   std::string piece;
@@ -198,6 +228,7 @@ struct Engine::Impl {
   void start(const std::shared_ptr<Request>& r);
   int choose_k(Slot& s);
   bool start_mtp();
+  double mtp_cost_ratio(std::int64_t& samples) const;
   void mtp_phase();
   void flush_mtp(std::span<Slot* const> slots);
   void take_snapshot(Slot& s);
@@ -306,12 +337,27 @@ void Engine::Impl::loop() {
     finish_slots();
     admit();
     if (running.empty()) continue;
+    // For the MTP gate: this loop's time and tokens, when every running request is of one kind.
+    const auto t0 = Clock::now();
+    const std::size_t n = running.size();
+    std::size_t n_mtp = 0;
+    std::int64_t generated = 0;
+    for (const auto& s : running) {
+      n_mtp += s->mtp_cohort ? 1 : 0;
+      generated -= s->generated;
+    }
     try {
       iterate();
     } catch (const std::exception& e) {
       fail_all(e.what());
     }
-    finish_slots();
+    for (const auto& s : running) generated += s->generated;
+    const bool one_kind = running.size() == n && (n_mtp == 0 || n_mtp == n);
+    finish_slots();  // inside the measured time: a drafting request's last MTP catch-up happens here
+    if (mtp_enabled && cfg.mtp_adaptive && one_kind) {
+      (n_mtp > 0 ? cost_mtp : cost_plain).add(n, seconds(Clock::now() - t0), generated);
+      ++cohort_loops;
+    }
   }
   cache.clear();
 }
@@ -361,21 +407,52 @@ void Engine::Impl::admit() {
   met.running = static_cast<std::int64_t>(running.size());
 }
 
+// MTP's seconds per token over plain decoding's, pooled over the batch sizes both have measured (each
+// weighted by the fewer of its two sample counts); 0 while no batch size has enough of both.
+double Engine::Impl::mtp_cost_ratio(std::int64_t& samples) const {
+  constexpr std::int64_t enough = 32;
+  double num = 0, den = 0;
+  samples = 0;
+  for (std::size_t b = 1; b < cost_plain.loops.size(); ++b) {
+    const std::int64_t w = std::min(cost_plain.loops[b], cost_mtp.loops[b]);
+    if (w < enough || cost_plain.per_token(b) <= 0 || cost_mtp.per_token(b) <= 0) continue;
+    num += static_cast<double>(w) * cost_mtp.per_token(b) / cost_plain.per_token(b);
+    den += static_cast<double>(w);
+    samples += w;
+  }
+  return den > 0 ? num / den : 0.0;
+}
+
+// Whether a new request drafts. Requests are admitted in cohorts that all draft or all decode plainly, so
+// that most engine loops hold one kind only and measure its seconds per generated token: the whole loop,
+// prefill, the MTP layer, the step, sampling, handing tokens over, snapshots at the end (a loop of mixed
+// kinds measures neither). A cohort lasts kCohortLoops measured loops. A cohort drafts when drafting measurably paid: MTP's time per
+// token at least 3 % below plain decoding's, at the same numbers of running sequences. Until both are
+// measured the cohorts alternate; after that, every explore_every-th cohort takes the other kind so that a
+// change (acceptance, load) is noticed, and the interval doubles (to 64) each time the exploration confirms
+// the choice. A plain request does no MTP work at all: no hidden rows, no MTP-layer steps. (So its
+// snapshots hold no MTP state, and a later request starting from one decodes plainly, whatever its cohort.)
 bool Engine::Impl::start_mtp() {
   if (!mtp_enabled) return false;
   if (!cfg.mtp_adaptive) return true;
-  // Every 16th request probes, so that the acceptance estimate new requests start from stays current;
-  // the others draft only when that estimate says drafting pays.
-  if (started % 16 == 0 || !main_cost.known() || !draft_cost.known()) return true;
-  double a = 0, b = 0, ad = 0, bd = 0;
-  main_cost.fit(a, b);
-  draft_cost.fit(ad, bd);
-  const double n = static_cast<double>(last_decoding + 1);
-  const double share = (a + b * static_cast<double>(std::max<std::int64_t>(last_rows, 1))) / n;
-  const double per_draft = b + bd + ad / std::max<double>(1.0, static_cast<double>(last_drafting));
-  for (int k = 1; k <= cfg.mtp; ++k)
-    if (expected_tokens(k, alpha_global) / (share + k * per_draft) > 1.0 / share) return true;
-  return false;
+  if (cohort_loops < kCohortLoops) return cohort_mtp;
+  std::int64_t samples = 0;
+  const double ratio = mtp_cost_ratio(samples);
+  const bool pays = ratio > 0 && ratio < 0.97;
+  const bool explored = exploring;
+  exploring = false;
+  if (samples == 0) {
+    cohort_mtp = !cohort_mtp;  // nothing to compare yet: alternate
+  } else {
+    // After an exploring cohort: the choice stood, so look less often; or it changed, so look again soon.
+    if (explored) explore_every = pays == mtp_pays ? std::min(explore_every * 2, 64) : 4;
+    mtp_pays = pays;
+    exploring = ++cohorts_since_explore >= explore_every;
+    if (exploring) cohorts_since_explore = 0;
+    cohort_mtp = exploring ? !pays : pays;
+  }
+  cohort_loops = 0;
+  return cohort_mtp;
 }
 
 void Engine::Impl::start(const std::shared_ptr<Request>& r) {
@@ -407,12 +484,12 @@ void Engine::Impl::start(const std::shared_ptr<Request>& r) {
   }
   s->mtp = start_mtp() && (hit.node == 0 || (hit.mtp && static_cast<int>(hit.hidden.size()) == H &&
                                               ctx.mtp_length(s->seq) == s->pos - 1));
+  s->mtp_cohort = s->mtp;
   if (s->mtp && hit.node) {
     s->pair_hidden.assign(hit.hidden.begin(), hit.hidden.end());
     s->pair_tokens.push_back(r->prompt[static_cast<std::size_t>(s->pos)]);
   }
   s->alpha = alpha_global;
-  ++started;
   {
     std::lock_guard lk(r->m);
     r->cached_tokens = s->pos;
@@ -451,8 +528,8 @@ int Engine::Impl::choose_k(Slot& s) {
       best = k;
     }
   }
-  // Drafts that are hardly ever accepted: stop feeding the MTP layer altogether (what keeps adaptive MTP
-  // from costing anything on a model whose head does not predict it).
+  // Drafts that are hardly ever accepted: stop feeding the MTP layer altogether (so that a drafting cohort
+  // on a model whose head does not predict costs little more than the plain cohorts the gate then chooses).
   if ((s.trials >= 8 && s.alpha < 0.1) || (best == 0 && ++s.rounds_at_zero >= 48)) {
     s.mtp = false;
     s.pair_hidden.clear();

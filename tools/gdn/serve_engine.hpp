@@ -6,8 +6,10 @@
 //   * the prefix cache (serve_cache.hpp): a request starts from the snapshot of its longest cached
 //     prefix; snapshots are taken where chunks end (the end of the prompt, every cache_interval tokens,
 //     the start of every chat turn, the end of a generation);
-//   * MTP speculative decoding per request with its own k, chosen from the request's measured
-//     acceptance and the measured cost of a draft token (down to 0, and off when it does not pay);
+//   * MTP speculative decoding, adaptive: requests are admitted in cohorts that draft or decode plainly,
+//     and a cohort drafts only when the engine's measured time per generated token with drafting is
+//     clearly below plain decoding's (a plain request does no MTP-layer work at all); a drafting request
+//     chooses its own k from its measured acceptance (down to 0, and off when its drafts fail);
 //   * per-request sampling, stop tokens and stop strings, max_tokens, cancellation (a disconnected
 //     client's socket is polled every loop, so its slot is freed before the next step).
 //
@@ -50,7 +52,8 @@ struct EngineConfig {
   int cache_interval = 512;                 // tokens between prefill snapshots (0: only the special points)
   int mtp = 0;                              // max drafts per round; 0: no speculative decoding
   // false: every request drafts k = mtp every round (what the tests use to exercise verification on every
-  // step, and a benchmark to see MTP's unadapted cost); true: k chosen per request from its acceptance.
+  // step, and a benchmark to see MTP's unadapted cost); true: requests draft only in cohorts whose measured
+  // time per token beats plain decoding's, with k chosen per request from its acceptance.
   bool mtp_adaptive = true;
   int step_tokens = 256;                    // token budget of one step (decode rows + prefill chunks)
   int threads = 0;

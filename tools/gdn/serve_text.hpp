@@ -24,7 +24,9 @@ namespace gdn::serve {
 class StopText {
  public:
   StopText(const Tokenizer& tok, std::vector<std::string> stops);
-  // A token's text; returns true when a stop string completed. `out` gets the newly final text.
+  // A token's text; returns true when a stop string completed. `out` gets the newly final text. A token the
+  // tokenizer does not have (a checkpoint's vocab_size is often padded past the tokenizer's ids, and a
+  // model may sample a padding id) has no text, as transformers decodes it, instead of failing the request.
   bool push(Token t, std::string& out);
   // The end: everything still held becomes final.
   void finish(std::string& out);
@@ -32,6 +34,7 @@ class StopText {
  private:
   bool feed(const std::string& piece, std::string& out, bool final);
   StreamDecoder decoder_;
+  Token vocab_;
   std::vector<std::string> stops_;
   std::size_t longest_ = 0;
   std::string all_;
