@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/target.hpp"
+#include "cpu_targets.hpp"
 #include "gdn/core/dtype.hpp"
 
 using gdn::DType;
@@ -25,13 +26,6 @@ using gdn::cpu::KvStore;
 using gdn::cpu::Target;
 
 namespace {
-
-std::vector<Target> targets() {
-  std::vector<Target> out;
-  for (const Target t : {Target::scalar, Target::avx2, Target::avx512})
-    if (gdn::cpu::target_supported(t)) out.push_back(t);
-  return out;
-}
 
 constexpr int kHkv = 2, kLayers = 2, kLayer = 1, kPageSize = 16;
 
@@ -105,7 +99,7 @@ TEST_CASE("attention matches the double-precision equations; a row alone equals 
   };
   const Shape shapes[] = {{256, 4, 200, 9},  {256, 6, 129, 3}, {256, 1, 65, 65}, {32, 2, 63, 17}, {32, 4, 1, 1},
                           {96, 3, 130, 20}, {48, 2, 70, 5},   {64, 8, 64, 2},   {256, 4, 300, 1}};
-  for (const Target target : targets()) {
+  for (const Target target : gdn::test::supported_targets()) {
     const auto& K = gdn::cpu::target_kernels(target);
     for (const DType dtype : {DType::f32, DType::bf16})
       for (const Shape& sh : shapes) {

@@ -11,20 +11,13 @@
 #include <vector>
 
 #include "backend/cpu/target.hpp"
+#include "cpu_targets.hpp"
 
 using gdn::cpu::DeltaRuleInput;
 using gdn::cpu::DeltaRuleScratch;
 using gdn::cpu::Target;
 
 namespace {
-
-// Every target this CPU can run.
-std::vector<Target> targets() {
-  std::vector<Target> out;
-  for (const Target t : {Target::scalar, Target::avx2, Target::avx512})
-    if (gdn::cpu::target_supported(t)) out.push_back(t);
-  return out;
-}
 
 void l2_normalize(float* x, int n, float scale) {
   double s = 0.0;
@@ -109,7 +102,7 @@ double max_diff(const A& a, const B& b) {
 }  // namespace
 
 TEST_CASE("recurrent and chunked delta rule agree with the double-precision equations", "[delta_rule]") {
-  for (const Target target : targets()) {
+  for (const Target target : gdn::test::supported_targets()) {
   const auto& K = gdn::cpu::target_kernels(target);
   // Head sizes of every supported model (128), the fixtures', odd ones, and value heads far larger
   // than any shipped model (600, 1024): the kernels have no size limit of their own.
@@ -142,7 +135,7 @@ TEST_CASE("recurrent and chunked delta rule agree with the double-precision equa
 }
 
 TEST_CASE("chunked delta rule in pieces equals one call (state carried between calls)", "[delta_rule]") {
-  for (const Target target : targets()) {
+  for (const Target target : gdn::test::supported_targets()) {
   const auto& K = gdn::cpu::target_kernels(target);
   INFO("target " << K.name);
   const int n = 150, dk = 32, dv = 48;
@@ -167,7 +160,7 @@ TEST_CASE("chunked delta rule in pieces equals one call (state carried between c
 }
 
 TEST_CASE("causal conv with state equals the conv over the whole sequence", "[conv]") {
-  for (const Target target : targets()) {
+  for (const Target target : gdn::test::supported_targets()) {
   const auto& kernels = gdn::cpu::target_kernels(target);
   INFO("target " << kernels.name);
   const int K = 4, C = 5, n = 11;
