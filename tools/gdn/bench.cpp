@@ -248,7 +248,8 @@ struct Options {
   std::string peer_script = "bench/peer.py";
   std::string peer_args;
   int rounds = 3;
-  int context_rounds = 0;  // --context-rounds: decode at --contexts against the peer, per KV dtype, in rounds
+  int context_rounds = 0;
+  int kv_page_size = 16;  // --kv-page-size: positions per KV page in the context sections  // --context-rounds: decode at --contexts against the peer, per KV dtype, in rounds
   WeightPlacement weights = WeightPlacement::automatic;  // --weights / --in-place
   WeightQuant quant = WeightQuant::none;   // --quant: block-quantised projections (docs/quantization.md)
   std::string image_path;                  // --image-path: where the packed image is (written when missing)
@@ -370,8 +371,8 @@ Batch1Speeds run_batch1(Context& ctx, SeqId s, std::span<const Token> prompt, in
 // where this VM's bandwidth drifts over minutes. Rows: context, ms_per_token and extra_ms (medians),
 // runs (tok/s), bandwidth_gb_s, prefill_tok_s, kv_bytes_per_token, and extra_vs_kv_stream: the
 // extra time against the extra KV bytes read at the bandwidth (1.0: the cache streams at bandwidth).
-json context_decode_rows(const std::shared_ptr<const Model>& model, DType kv_dtype, std::vector<int> contexts, int N, int runs,
-                         int threads, const RooflineProbe& probe, long& allocs, long& alloc_steps) {
+json context_decode_rows(const std::shared_ptr<const Model>& model, DType kv_dtype, int kv_page_size, std::vector<int> contexts,
+                         int N, int runs, int threads, const RooflineProbe& probe, long& allocs, long& alloc_steps) {
   std::sort(contexts.begin(), contexts.end());
   const int V = model->config().vocab_size;
   ContextParams p;
@@ -380,6 +381,7 @@ json context_decode_rows(const std::shared_ptr<const Model>& model, DType kv_dty
   p.max_batch_tokens = 512;
   p.threads = threads;
   p.kv_dtype = kv_dtype;
+  p.kv_page_size = kv_page_size;
   Context ctx(model, p);
   const SeqId base = ctx.create_sequence(), s = ctx.create_sequence();
   const SeqId base_seq[1] = {base}, long_seq[1] = {s};
@@ -566,6 +568,7 @@ int usage() {
       "                 alternating, each bracketed by a bandwidth measurement (default 3)\n"
       "  --float32-only measure only the default float32 matmul inputs (not also bf16 inputs)\n"
       "  --layers N     with --shape: only its first N layers (every 4th full attention), for long-context runs\n"
+      "  --kv-page-size N  positions per KV page in the context sections (default 16, as ContextParams)\n"
       "  --context-rounds N  with a peer: N rounds of decode at each --contexts length, ours per --kv-dtypes and\n"
       "                 llama.cpp's (f16 cache) in turn, each bracketed by a bandwidth measurement\n"
       "  --write-checkpoint DIR [--sparse]  write the --shape's checkpoint (sparse: no data, reads as zeros) and stop\n"
@@ -606,6 +609,7 @@ int bench(int argc, char** argv) {
     else if (a == "--peer-args" && v) o.peer_args = argv[++i];
     else if (a == "--rounds" && v) o.rounds = std::max(0, std::atoi(argv[++i]));
     else if (a == "--context-rounds" && v) o.context_rounds = std::max(0, std::atoi(argv[++i]));
+    else if (a == "--kv-page-size" && v) o.kv_page_size = std::max(1, std::atoi(argv[++i]));
     else if (a == "--in-place") o.weights = WeightPlacement::in_place;
     else if (a == "--weights" && v) o.weights = placement_named(argv[++i]);
     else if (a == "--image-path" && v) o.image_path = argv[++i];
@@ -831,7 +835,7 @@ int bench(int argc, char** argv) {
   if (!o.contexts.empty() && (o.context_rounds == 0 || o.peer_python.empty())) {
     json rows = json::array();
     for (const DType kvd : o.kv_dtypes) {
-      json r = context_decode_rows(model, kvd, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
+      json r = context_decode_rows(model, kvd, o.kv_page_size, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
       for (const auto& row : r) {
         std::string extra;
         if (row.contains("extra_vs_kv_stream"))
@@ -999,7 +1003,7 @@ int bench(int argc, char** argv) {
       for (const DType kvd : o.kv_dtypes)
         order.push_back([&, kvd](json& rj) {
           rj[fmt::format("ours_{}", dtype_name(kvd))] =
-              context_decode_rows(model, kvd, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
+              context_decode_rows(model, kvd, o.kv_page_size, o.contexts, N, o.runs, o.threads, probe, allocs, alloc_steps);
         });
       order.push_back([&](json& rj) {
         json pj = run_peer(fmt::format("'{}' '{}' --model '{}' --threads {} --runs {} --decode-tokens {} --contexts {} --context-only {}",
