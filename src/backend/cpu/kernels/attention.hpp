@@ -28,8 +28,8 @@ inline float kv_dot(const float* a, const T* b, int n) {
   return total;
 }
 
-// Pulls bytes [b0, b1) of a stored row towards L2. A page holds 16 positions of a head: runs of a
-// few KiB, too short for the hardware prefetcher to ramp up on before the stream jumps to the next
+// Pulls bytes [b0, b1) of a stored row towards L2. A page holds kv_page_size positions of a head
+// (16 by default): runs of a few KiB, too short for the hardware prefetcher to ramp up on before the stream jumps to the next
 // page, so decode at long context waited on memory between pages. The next block's keys are
 // prefetched as this block's keys are read, its values as this block's values are, a few lines
 // per step of the loop: a burst of them fills the miss buffers and stalls the loads the FMAs need.
@@ -38,6 +38,7 @@ inline void prefetch_row_bytes(const T* row, int b0, int b1) {
   const auto* c = reinterpret_cast<const char*>(row);
   for (int off = b0; off < b1; off += 64) __builtin_prefetch(c + off, 0, 2);
 }
+
 // Rows of the block after the one being computed, to prefetch while computing it (n = 0: none).
 template <typename T>
 struct KvPrefetch {
