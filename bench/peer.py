@@ -72,6 +72,22 @@ def quantise(L, gguf_path, quant, threads, output_type=None, embedding_type=None
     return qpath
 
 
+def context(L, model, n_ctx, n_seq, n_batch, threads):
+    """A llama.cpp context: n_batch = n_ubatch (one llama_decode runs the whole batch), the threads
+    for decode and for batches alike."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = n_batch
+    cp.n_ubatch = n_batch
+    cp.n_seq_max = n_seq
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        sys.exit("llama.cpp could not create a context")
+    return ctx
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="checkpoint directory (config.json + safetensors)")
@@ -110,17 +126,7 @@ def main():
     prompt = [rng.randrange(0, min(n_vocab, 150000)) for _ in range(P)]
 
     def make_ctx(n_ctx, n_seq, n_batch):
-        cp = L.llama_context_default_params()
-        cp.n_ctx = n_ctx
-        cp.n_batch = n_batch
-        cp.n_ubatch = n_batch
-        cp.n_seq_max = n_seq
-        cp.n_threads = T
-        cp.n_threads_batch = T
-        ctx = L.llama_init_from_model(model, cp)
-        if not ctx:
-            sys.exit("llama.cpp could not create a context")
-        return ctx
+        return context(L, model, n_ctx, n_seq, n_batch, T)
 
     def decode(ctx, batch, entries):
         """entries: list of (token, pos, seq, want_logits)"""

@@ -45,7 +45,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import peer  # noqa: E402  (convert, quantise: the same GGUFs as the benchmark's peer)
+import peer  # noqa: E402  (convert, quantise, context: the same GGUFs and contexts as the benchmark's peer)
 
 GDN_QUANTS = ["q8_0", "q4_0"]
 GGML_Q8_0, GGML_Q4_0 = 8, 2
@@ -75,20 +75,6 @@ def llama_load(L, gguf_path, extra_bufts):
     return model
 
 
-def llama_context(L, model, n_ctx, n_batch, threads):
-    cp = L.llama_context_default_params()
-    cp.n_ctx = n_ctx
-    cp.n_batch = n_batch
-    cp.n_ubatch = n_batch
-    cp.n_seq_max = 1
-    cp.n_threads = threads
-    cp.n_threads_batch = threads
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        sys.exit("llama.cpp could not create a context")
-    return ctx
-
-
 def llama_decode(L, ctx, batch, tokens, start, all_logits):
     batch.n_tokens = len(tokens)
     for i, t in enumerate(tokens):
@@ -109,7 +95,7 @@ def child_logits(args):
     model = llama_load(L, args.gguf, args.extra_bufts)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     tmax = max(len(p) for p in prompts)
-    ctx = llama_context(L, model, tmax + 16, tmax, args.threads)
+    ctx = peer.context(L, model, tmax + 16, 1, tmax, args.threads)
     batch = L.llama_batch_init(tmax, 0, 1)
     out = np.empty((sum(len(p) for p in prompts), n_vocab), np.float32)
     row = 0
@@ -129,7 +115,7 @@ def child_greedy(args):
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     eos = args.eos
     tmax = max(len(it["prompt_ids"]) for it in items) + MAX_NEW
-    ctx = llama_context(L, model, tmax + 16, tmax, args.threads)
+    ctx = peer.context(L, model, tmax + 16, 1, tmax, args.threads)
     batch = L.llama_batch_init(tmax, 0, 1)
     gens = []
     for it in items:
