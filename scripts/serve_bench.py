@@ -343,30 +343,24 @@ def main():
             for c in conc:
                 log(f"round {r + 1}: concurrency {c}: server {tp[c]['server'][-1]:.2f} tok/s, offline "
                     f"{tp[c]['offline'][-1]:.2f} ({tp[c]['server'][-1] / tp[c]['offline'][-1]:.3f})")
+        def mtp_pair(store, c, label, model, seed, extra, seconds, warm, **kw):
+            """Plain and adaptive MTP back to back (the round's order), alone on the machine."""
+            with alone():
+                for mode in first:
+                    tok_s, drafted, accepted = mtp_throughput(model, mode, c, seed, extra, seconds, warm, **kw)
+                    store[c][mode].append(tok_s)
+                    if mode == "mtp":
+                        store[c].setdefault("drafted", []).append(drafted)
+                        store[c].setdefault("accepted", []).append(accepted)
+            log(f"round {r + 1}: {label}, concurrency {c}: plain {store[c]['plain'][-1]:.2f}, adaptive mtp "
+                f"{store[c]['mtp'][-1]:.2f} tok/s ({store[c]['mtp'][-1] / store[c]['plain'][-1]:.3f})")
+
         for c in conc if "mtp" in parts else []:
-            with alone():
-                for mode in first:
-                    tok_s, drafted, accepted = mtp_throughput(mtp_model, mode, c, 100 + r,
-                                                              [*common, "--cache-bytes", "256M"], args.seconds, 3.0)
-                    mt[c][mode].append(tok_s)
-                    if mode == "mtp":
-                        mt[c].setdefault("drafted", []).append(drafted)
-                        mt[c].setdefault("accepted", []).append(accepted)
-            log(f"round {r + 1}: 0.8b+mtp head, concurrency {c}: plain {mt[c]['plain'][-1]:.2f}, adaptive mtp "
-                f"{mt[c]['mtp'][-1]:.2f} tok/s ({mt[c]['mtp'][-1] / mt[c]['plain'][-1]:.3f})")
+            mtp_pair(mt, c, "0.8b+mtp head", mtp_model, 100 + r, [*common, "--cache-bytes", "256M"], args.seconds, 3.0)
         for c in tiny if "tiny" in parts else []:
-            with alone():
-                for mode in first:
-                    tok_s, drafted, accepted = mtp_throughput(
-                        ROOT / "models/gdn-tiny", mode, c, 200 + r,
-                        ["--threads", args.tiny_threads, "--max-sequences", "16", "--cache-bytes", "64M"],
-                        args.tiny_seconds, 1.0, max_tokens=16, prompts=TINY_PROMPTS)
-                    tiny[c][mode].append(tok_s)
-                    if mode == "mtp":
-                        tiny[c].setdefault("drafted", []).append(drafted)
-                        tiny[c].setdefault("accepted", []).append(accepted)
-            log(f"round {r + 1}: gdn-tiny, concurrency {c}: plain {tiny[c]['plain'][-1]:.1f}, adaptive mtp "
-                f"{tiny[c]['mtp'][-1]:.1f} tok/s ({tiny[c]['mtp'][-1] / tiny[c]['plain'][-1]:.3f})")
+            mtp_pair(tiny, c, "gdn-tiny", ROOT / "models/gdn-tiny", 200 + r,
+                     ["--threads", args.tiny_threads, "--max-sequences", "16", "--cache-bytes", "64M"],
+                     args.tiny_seconds, 1.0, max_tokens=16, prompts=TINY_PROMPTS)
 
     def med(v):
         return statistics.median(v) if v else 0.0
