@@ -21,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 // string, cut at the first stop string.
 class TextTracker {
  public:
-  TextTracker(const Tokenizer& tok, const std::vector<std::string>& stops) : decoder_(tok, true), stops_(stops) {
+  TextTracker(const Tokenizer& tok, const std::vector<std::string>& stops) : decoder_(tok, true, true), stops_(stops) {
     for (const auto& s : stops_) longest_ = std::max(longest_, s.size());
   }
 

@@ -827,6 +827,7 @@ std::string Tokenizer::decode(std::span<const std::int32_t> ids, bool skip_speci
 }
 
 std::string StreamDecoder::push(std::int32_t id) {
+  if (skip_unknown_ && id >= tokenizer_->vocab_size()) return {};
   const Tokenizer::Impl& m = checked(tokenizer_->impl_, id);
   if (skip_special_ && m.id_kind[static_cast<std::size_t>(id)] == 3) return {};
   if (!m.decoder_byte_level && !first_) pending_ += ' ';

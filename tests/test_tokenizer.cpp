@@ -387,6 +387,10 @@ TEST_CASE("tokenizer errors", "[tokenizer]") {
     CHECK(status_of([&] { t.token_bytes(-5); }) == Status::invalid_token);
     StreamDecoder d(t);
     CHECK(status_of([&] { d.push(t.vocab_size() + 7); }) == Status::invalid_token);
+    // Generation's decoder: a padding id past the vocabulary has no text; a negative id is still refused.
+    StreamDecoder g(t, false, /*skip_unknown=*/true);
+    CHECK(g.push(t.vocab_size() + 7).empty());
+    CHECK(status_of([&] { g.push(-1); }) == Status::invalid_token);
   }
   SECTION("invalid UTF-8 input") {
     CHECK(status_of([&] { t.encode("abc\xFF"); }) == Status::invalid_argument);

@@ -45,12 +45,12 @@ std::optional<ojson> parse_json(std::string_view s) {
 // --- StopText ---------------------------------------------------------------------------------------
 
 StopText::StopText(const Tokenizer& tok, std::vector<std::string> stops)
-    : decoder_(tok, true), vocab_(tok.vocab_size()), stops_(std::move(stops)) {
+    : decoder_(tok, true, /*skip_unknown=*/true), stops_(std::move(stops)) {
   stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
   for (const auto& s : stops_) longest_ = std::max(longest_, s.size());
 }
 
-bool StopText::push(Token t, std::string& out) { return feed(t >= 0 && t < vocab_ ? decoder_.push(t) : std::string(), out, false); }
+bool StopText::push(Token t, std::string& out) { return feed(decoder_.push(t), out, false); }
 
 void StopText::finish(std::string& out) { feed(decoder_.flush(), out, true); }
 

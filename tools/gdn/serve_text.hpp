@@ -34,7 +34,6 @@ class StopText {
  private:
   bool feed(const std::string& piece, std::string& out, bool final);
   StreamDecoder decoder_;
-  Token vocab_;
   std::vector<std::string> stops_;
   std::size_t longest_ = 0;
   std::string all_;

@@ -88,10 +88,14 @@ class Tokenizer {
 // exactly Tokenizer::decode() of the same ids. The tokenizer must outlive the decoder.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = false)
-      : tokenizer_(&tokenizer), skip_special_(skip_special) {}
+  // skip_unknown: an id past the tokenizer's vocabulary has no text instead of being an error. A
+  // checkpoint's vocab_size is often padded past its tokenizer's ids (Qwen3.5: 248,320 rows for 248,077
+  // ids) and a model can sample a padding row; transformers decodes it to nothing. Generation sets it.
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = false, bool skip_unknown = false)
+      : tokenizer_(&tokenizer), skip_special_(skip_special), skip_unknown_(skip_unknown) {}
 
-  // Text completed by `id` (often empty for a partial character). Throws invalid_token for a bad id.
+  // Text completed by `id` (often empty for a partial character). Throws invalid_token for a bad id
+  // (a negative one always; one past the vocabulary unless skip_unknown).
   std::string push(std::int32_t id);
   // Whatever is still held, with an unfinished character replaced by U+FFFD; then starts afresh.
   std::string flush();
@@ -105,6 +109,7 @@ class StreamDecoder {
  private:
   const Tokenizer* tokenizer_;
   bool skip_special_;
+  bool skip_unknown_;
   bool first_ = true;
   std::string pending_;
 };
