@@ -73,18 +73,6 @@ std::uint16_t to_half(float f) {
   return static_cast<std::uint16_t>(sign | std::min<std::uint32_t>(h, 0x7bffu));
 }
 
-// A q4_0 block's squared error Σ (w − d·q)² with q = clamp(round(w / d), −8, 7), d a half value
-// (as stored): float32 operations in index order, so the same in every build.
-float q4_block_error(const float* v, float d) {
-  float e = 0.0f;
-  for (int j = 0; j < 32; ++j) {
-    const float q = d != 0.0f ? std::clamp(round_even(v[j] / d), -8.0f, 7.0f) : 0.0f;
-    const float r = v[j] - d * q;
-    e += r * r;
-  }
-  return e;
-}
-
 float weight_at(const TensorView& W, std::int64_t n, std::int64_t k) {
   const std::int64_t in = W.dim(1);
   switch (W.dtype) {
@@ -575,39 +563,6 @@ bool quant_kernel_supported(QuantKernel k) noexcept {
 #endif
 }
 
-std::uint16_t q4_0_block_scale(const float* v) noexcept {
-  float m = 0.0f;
-  for (int j = 0; j < 32; ++j)
-    if (std::fabs(v[j]) > std::fabs(m)) m = v[j];
-  std::uint16_t best = to_half(m / -8.0f);
-  if (m == 0.0f) return best;
-  float best_error = q4_block_error(v, to_float(f16{best}));
-  // A candidate replaces the best so far only when its error is strictly smaller, so m / −8 is
-  // kept on ties and the result never has a larger error than it.
-  const auto consider = [&](std::uint16_t h) {
-    const float e = q4_block_error(v, to_float(f16{h}));
-    if (e < best_error) {
-      best = h;
-      best_error = e;
-    }
-  };
-  for (int i = -4; i <= 4; ++i) {
-    const std::uint16_t c = to_half(m / -(8.0f + 0.25f * static_cast<float>(i)));
-    consider(c);
-    // The least-squares scale for c's integers, Σ w·q / Σ q² (they usually stay the same, and the
-    // error can only fall then).
-    const float dc = to_float(f16{c});
-    float wq = 0.0f, qq = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      const float q = dc != 0.0f ? std::clamp(round_even(v[j] / dc), -8.0f, 7.0f) : 0.0f;
-      wq += v[j] * q;
-      qq += q * q;
-    }
-    if (qq > 0.0f) consider(to_half(wq / qq));
-  }
-  return best;
-}
-
 std::int64_t quant_tile_bytes(QuantFormat f) noexcept { return int_bytes(f) + 64; }
 
 std::size_t quant_image_bytes(QuantFormat f, std::int64_t out, std::int64_t in) noexcept {
@@ -631,18 +586,22 @@ void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0
         float v[32] = {};
         if (row < out)
           for (std::int64_t j = 0; j < 32 && 32 * b + j < in; ++j) v[j] = weight_at(W, row, 32 * b + j);
+        float d = 0.0f;
+        if (f == QuantFormat::q8_0) {
+          float amax = 0.0f;
+          for (float w : v) amax = std::max(amax, std::fabs(w));
+          d = amax / 127.0f;
+        } else {
+          float m = 0.0f;
+          for (float w : v)
+            if (std::fabs(w) > std::fabs(m)) m = w;
+          d = m / -8.0f;
+        }
         // A block with a NaN or infinite weight has no integer form: its scale is NaN and its
         // integers 0, so the outputs it touches are NaN (as the float kernels' would be).
         bool finite = true;
         for (float w : v) finite = finite && std::isfinite(w);
-        std::uint16_t dh = 0x7e00;
-        if (finite && f == QuantFormat::q8_0) {
-          float amax = 0.0f;
-          for (float w : v) amax = std::max(amax, std::fabs(w));
-          dh = to_half(amax / 127.0f);
-        } else if (finite) {
-          dh = q4_0_block_scale(v);
-        }
+        const std::uint16_t dh = finite ? to_half(d) : std::uint16_t{0x7e00};
         std::memcpy(t + int_bytes(f) + 2 * n, &dh, 2);
         // q = round(w / d) with the quotient correctly rounded (not w · (1/d), whose rounding
         // moves exact ties, frequent at q4_0 where d = -m/8 is exact).

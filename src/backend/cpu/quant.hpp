@@ -6,12 +6,10 @@
 // row (the last block of a row zero-padded, like llama.cpp's Q8_0 / Q4_0 but for any `in`); each
 // block has one scale d (IEEE half) and 32 integers q, and stands for d · q:
 //   q8_0  q ∈ [-127, 127]: d = max|w| / 127, q = round(w / d)           8.5 bits per weight
-//   q4_0  q ∈ [-8, 7]:     d = q4_0_block_scale(w) (below), q = clamp(round(w / d), -8, 7)
-//                                                                        4.5 bits per weight
-// rounding to nearest, ties to even, with d as stored (rounded to half). q8_0's d maps a block's
-// largest weight to ±127; q4_0's d is searched (q4_0_block_scale) because at 16 levels the choice
-// of d matters: m / −8 (m the value of largest magnitude, exact up to d's rounding) wastes levels
-// on one outlier, and the search lowers the blocks' squared error by about 11%.
+//   q4_0  q ∈ [-8, 7]:     d = m / -8 (m: the block's value of largest magnitude),
+//                          q = clamp(round(w / d), -8, 7)                4.5 bits per weight
+// rounding to nearest, ties to even, with d as stored (rounded to half) — so a block's largest
+// weight is exact up to d's rounding.
 //
 // Image layout (the order the kernels read; every kernel reads the same image). Output rows in
 // groups of 32, each group's blocks in increasing k; a (group, k block) tile is the 32 rows'
@@ -55,15 +53,6 @@ bool quant_kernel_supported(QuantKernel k) noexcept;
 // Bytes of one (32-row group, k block) tile, and of a [out, in] weight's image.
 std::int64_t quant_tile_bytes(QuantFormat f) noexcept;
 std::size_t quant_image_bytes(QuantFormat f, std::int64_t out, std::int64_t in) noexcept;
-
-// q4_0's scale (IEEE half bits) for a block of 32 finite weights: the d of smallest squared error
-// E(d) = Σ (w − d·q)², q = clamp(round(w / d), −8, 7), both with d rounded to half, among
-//   d₀ = m / −8 (m the first value of largest magnitude; 0 when the block is all zeros), then for
-//   i = −4 … 4 in order: cᵢ = m / −(8 + i/4), and the least-squares scale of cᵢ's integers,
-//   Σ w·q / Σ q² (skipped when every q is 0),
-// E and the sums in float32 in index order; a candidate wins only with a strictly smaller error,
-// so ties keep the earlier one and E(d) ≤ E(d₀) always. 19 evaluations of 32 divisions per block.
-std::uint16_t q4_0_block_scale(const float* v) noexcept;
 
 // Quantises rows [row0, row1) of W (bf16, f16 or f32; row0 a multiple of 32, row1 one too or
 // W.dim(0)) into their groups of the image (padding rows included). Deterministic.
