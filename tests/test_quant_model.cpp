@@ -38,50 +38,16 @@ float nearest_half(float x) {
   return std::copysign(value(pick), x);
 }
 
-// q4_0's scale as quant.hpp states it: among m / -8 and, for i = -4..4, m / -(8 + i/4) and the
-// least-squares scale of its integers (each rounded to half), the first of smallest squared error
-// (float32 sums in index order). A block's padding zeros add nothing to any sum, so n < 32 values
-// give the same scale.
-float q4_scale(const float* w, std::int64_t n, float m) {
-  const auto q_of = [](float x, float d) { return d == 0.0f ? 0.0f : std::clamp(std::nearbyint(x / d), -8.0f, 7.0f); };
-  const auto error = [&](float d) {
-    float e = 0.0f;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float r = w[j] - d * q_of(w[j], d);
-      e += r * r;
-    }
-    return e;
-  };
-  float best = nearest_half(m / -8.0f);
-  if (m == 0.0f) return best;
-  float best_error = error(best);
-  const auto consider = [&](float d) {
-    const float e = error(d);
-    if (e < best_error) best = d, best_error = e;
-  };
-  for (int i = -4; i <= 4; ++i) {
-    const float c = nearest_half(m / -(8.0f + 0.25f * static_cast<float>(i)));
-    consider(c);
-    float wq = 0.0f, qq = 0.0f;
-    for (std::int64_t j = 0; j < n; ++j) {
-      wq += w[j] * q_of(w[j], c);
-      qq += q_of(w[j], c) * q_of(w[j], c);
-    }
-    if (qq > 0.0f) consider(nearest_half(wq / qq));
-  }
-  return best;
-}
-
 // One row of a weight, block-quantised and dequantised as the format states: blocks of 32 input
-// columns, q8_0 d = max|w| / 127, q = round(w / d) in [-127, 127]; q4_0 d = q4_scale (m the
-// block's value of largest magnitude), q = clamp(round(w / d), -8, 7); d rounded to half first.
+// columns, q8_0 d = max|w| / 127, q = round(w / d) in [-127, 127]; q4_0 d = m / -8 (m the block's
+// value of largest magnitude), q = clamp(round(w / d), -8, 7); d rounded to half first.
 void quantize_row(WeightQuant q, float* w, std::int64_t in) {
   for (std::int64_t b = 0; b < in; b += 32) {
     const std::int64_t n = std::min<std::int64_t>(32, in - b);
     float m = 0.0f;
     for (std::int64_t j = 0; j < n; ++j)
       if (std::fabs(w[b + j]) > std::fabs(m)) m = w[b + j];
-    const float d = q == WeightQuant::q8_0 ? nearest_half(std::fabs(m) / 127.0f) : q4_scale(w + b, n, m);
+    const float d = nearest_half(q == WeightQuant::q8_0 ? std::fabs(m) / 127.0f : m / -8.0f);
     const float lo = q == WeightQuant::q8_0 ? -127.0f : -8.0f, hi = q == WeightQuant::q8_0 ? 127.0f : 7.0f;
     for (std::int64_t j = 0; j < n; ++j)
       w[b + j] = d == 0.0f ? 0.0f : d * std::clamp(std::nearbyint(w[b + j] / d), lo, hi);
