@@ -3,13 +3,16 @@
 
 For each checkpoint, each engine runs the same token ids in bf16 and quantised, and each engine's
 quantised logits are compared with **its own** bf16 logits (issue 16, point 4):
-  - libgdn: `gdn logits MODEL --tokens ... --out F.npy [--quant q8_0|q4_0]` (every position's logits);
+  - libgdn: `gdn logits MODEL --tokens ... --out F.npy [--quant q8_0|q4_0 [--lm-head-quant q4_0]]`
+    (every position's logits): q8_0, q4_0 with its default lm_head (q8_0), and q4_0 with every
+    projection at 4 bits (--lm-head-quant q4_0);
   - llama.cpp (llama-cpp-python): the bf16 GGUF bench/peer.py benchmarks (bench/convert_gguf.py),
     quantised by llama.cpp's own llama_model_quantize to Q8_0, Q4_0 and Q4_K_M as llama.cpp chooses
     (its Q4_0 keeps the output, here the tied embedding, at Q6_K, or Q8_0 where rows are not a
     multiple of 256; its Q8_0 also quantises the embedding lookup), and to Q8_0 and Q4_0 with
-    libgdn's policy (the output at the format too, the embedding lookup bf16); one llama_decode
-    per prompt with logits for every position.
+    libgdn's policies (the embedding lookup bf16; the output at the format too, or under Q4_0 at
+    Q8_0 as libgdn's default q4_0 keeps it); one llama_decode per prompt with logits for every
+    position.
 Figures per (engine, format), pooled over every position of every prompt:
   - rms, max: RMS and max of |quantised - bf16| logits, each divided by the bf16 logits' RMS;
   - top1: the fraction of positions whose argmax is unchanged;
@@ -47,7 +50,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import peer  # noqa: E402  (convert, quantise, context: the same GGUFs and contexts as the benchmark's peer)
 
-GDN_QUANTS = ["q8_0", "q4_0"]
+# (label, --quant, --lm-head-quant): the label is the key in the JSON and the table.
+GDN_QUANTS = [("q8_0", "q8_0", None), ("q4_0", "q4_0", None), ("q4_0, lm_head q4_0", "q4_0", "q4_0")]
+# The lm_head's bits per weight under each (q4_0's default lm_head is q8_0).
+GDN_BITS = {"q8_0": (8.5, 8.5), "q4_0": (4.5, 8.5), "q4_0, lm_head q4_0": (4.5, 4.5)}
 GGML_Q8_0, GGML_Q4_0 = 8, 2
 # (label, llama.cpp ftype, untied GGUF, output type, embedding type). The first three are llama.cpp's
 # own choices, what its users run. The "libgdn's policy" ones quantise exactly the tensors libgdn
@@ -56,7 +62,8 @@ GGML_Q8_0, GGML_Q4_0 = 8, 2
 LLAMA_QUANTS = [("Q8_0", "Q8_0", False, None, None), ("Q4_0", "Q4_0", False, None, None),
                 ("Q4_K_M", "Q4_K_M", False, None, None),
                 ("Q8_0, libgdn's policy", "Q8_0", True, GGML_Q8_0, peer.GGML_TYPE_BF16),
-                ("Q4_0, libgdn's policy", "Q4_0", True, GGML_Q4_0, peer.GGML_TYPE_BF16)]
+                ("Q4_0, libgdn's policy (output Q8_0)", "Q4_0", True, GGML_Q8_0, peer.GGML_TYPE_BF16),
+                ("Q4_0, libgdn's all-4-bit policy", "Q4_0", True, GGML_Q4_0, peer.GGML_TYPE_BF16)]
 MAX_NEW = 16  # models/gdn-tiny/generation_config.json
 
 
@@ -146,7 +153,7 @@ def run_child(mode, gguf, prompts_file, out, threads, extra_bufts, eos=0):
 # ---------------------------------------------------------------------------------------------
 # libgdn, through the CLI.
 
-def gdn_logits(gdn, model_dir, prompts, quant, threads, work):
+def gdn_logits(gdn, model_dir, prompts, quant, threads, work, lm_head=None):
     parts = []
     for p in prompts:
         with tempfile.NamedTemporaryFile(suffix=".npy", dir=work, delete=False) as f:
@@ -154,19 +161,22 @@ def gdn_logits(gdn, model_dir, prompts, quant, threads, work):
         cmd = [gdn, "logits", model_dir, "--tokens", ",".join(map(str, p)), "--out", path, "--threads", str(threads)]
         if quant:
             cmd += ["--quant", quant]
+        if lm_head:
+            cmd += ["--lm-head-quant", lm_head]
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
         parts.append(np.load(path))
         os.unlink(path)
     return np.concatenate(parts)
 
 
-def gdn_exact_match(gdn, model_dir, items, quant, threads):
+def gdn_exact_match(gdn, model_dir, items, quant, threads, lm_head=None):
     """`gdn generate` (greedy, libgdn's own tokenizer) on every held-out prompt; correct = the
     expected text, ended by the eos token (finish: stop_token)."""
     ok = 0
     for it in items:
         cmd = [gdn, "generate", model_dir, "--prompt", it["prompt"], "--max-tokens", str(MAX_NEW),
-               "--threads", str(threads)] + (["--quant", quant] if quant else [])
+               "--threads", str(threads)] + (["--quant", quant] if quant else []) + \
+              (["--lm-head-quant", lm_head] if lm_head else [])
         r = subprocess.run(cmd, capture_output=True, text=True, check=True)
         # the CLI ends the generated text with one "\n" of its own
         ok += r.stdout == it["expected"] + "\n" and "finish: stop_token" in r.stderr
@@ -218,8 +228,23 @@ def gguf_tensor_types(path):
     return {"types": counts, "embedding": embedding, "bits_per_weight": bits / n}
 
 
+def gdn_bits(gguf_path, bits, lm_bits):
+    """libgdn's bits per weight over the matrices a token reads (the projections and the output),
+    from the untied bf16 GGUF's shapes."""
+    from gguf import GGUFReader
+    n = n_out = 0
+    for t in GGUFReader(gguf_path).tensors:
+        if t.tensor_type.name == "F32" or len([s for s in t.shape if s > 1]) < 2 or t.name == "token_embd.weight":
+            continue
+        n += int(t.n_elements)
+        n_out += int(t.n_elements) if t.name == "output.weight" else 0
+    return (bits * (n - n_out) + lm_bits * n_out) / n
+
+
 def llama_quantised(L, gguf_path, ftype, threads, out_type, embd_type):
-    tag = "-libgdn-policy" if out_type is not None else ""
+    # (the all-format policy's files keep the name they were cached under)
+    tag = "" if out_type is None else "-libgdn-policy" if out_type == {"Q8_0": GGML_Q8_0, "Q4_0": GGML_Q4_0}.get(ftype) \
+        else "-libgdn-policy-output-q8_0"
     return peer.quantise(L, gguf_path, ftype, threads, out_type, embd_type, tag)
 
 
@@ -279,9 +304,9 @@ def main():
 
         # libgdn
         ref = gdn_logits(args.gdn, model_dir, prompts, None, args.threads, args.work)
-        for q in GDN_QUANTS:
-            m["libgdn"][q] = compare(gdn_logits(args.gdn, model_dir, prompts, q, args.threads, args.work), ref)
-            print(f"libgdn {q}: {m['libgdn'][q]}", file=sys.stderr)
+        for label, q, lm in GDN_QUANTS:
+            m["libgdn"][label] = compare(gdn_logits(args.gdn, model_dir, prompts, q, args.threads, args.work, lm), ref)
+            print(f"libgdn {label}: {m['libgdn'][label]}", file=sys.stderr)
         gdn_ref = ref
 
         # llama.cpp: the bf16 GGUF (the tokenizer.json beside the checkpoint, if any, else the
@@ -290,6 +315,8 @@ def main():
         tok = tok if os.path.exists(tok) else None
         bf16 = peer.convert(model_dir, os.path.join(args.work, f"{name}-bf16.gguf"), tok)
         bf16_untied = peer.convert(model_dir, os.path.join(args.work, f"{name}-untied-bf16.gguf"), tok, untie=True)
+        for label, _, _ in GDN_QUANTS:
+            m["libgdn"][label]["bits_per_weight"] = gdn_bits(bf16_untied, *GDN_BITS[label])
         out = os.path.join(args.work, f"{name}-logits.npy")
         err = run_child("llama-logits", bf16, prompts_file, out, args.threads, args.extra_bufts)
         if err:
@@ -323,9 +350,9 @@ def main():
                 for it in heldout:
                     f.write(json.dumps({"prompt_ids": it["prompt_ids"]}) + "\n")
             em = {"prompts": len(heldout), "libgdn": {}, "llama.cpp": {}}
-            for q in [None] + GDN_QUANTS:
-                em["libgdn"][q or "bf16"] = gdn_exact_match(args.gdn, model_dir, heldout, q, args.threads) / len(heldout)
-                print(f"libgdn {q or 'bf16'} exact match {em['libgdn'][q or 'bf16']:.4f}", file=sys.stderr)
+            for label, q, lm in [("bf16", None, None)] + GDN_QUANTS:
+                em["libgdn"][label] = gdn_exact_match(args.gdn, model_dir, heldout, q, args.threads, lm) / len(heldout)
+                print(f"libgdn {label} exact match {em['libgdn'][label]:.4f}", file=sys.stderr)
             gen_out = os.path.join(args.work, f"{name}-greedy.json")
             for label, ftype, untied, out_type, embd_type in [("bf16", None, False, None, None)] + LLAMA_QUANTS:
                 g = bf16 if ftype is None else llama_quantised(L, bf16_untied if untied else bf16, ftype,
@@ -350,10 +377,12 @@ def main():
 def print_table(results):
     print("| model | engine, format | matrices' bits/weight | RMS | max | top-1 agree | mean KL (nats) |")
     print("|---|---|---|---|---|---|---|")
-    gdn_bits = {"q8_0": 8.5, "q4_0": 4.5}
     for name, m in results["models"].items():
-        for q, r in m["libgdn"].items():
-            print(f"| {name} | libgdn {q} | {gdn_bits[q]} ({q} ×all; embedding bf16) | {r['rms']:.4f} | {r['max']:.3f} | {r['top1']:.3f} | {r['kl']:.2e} |")
+        for label, r in m["libgdn"].items():
+            bits, lm_bits = GDN_BITS[label]
+            types = f"{label.split(',')[0]} ×all" if bits == lm_bits else f"{label}; output q8_0"
+            print(f"| {name} | libgdn {label} | {r['bits_per_weight']:.2f} ({types}; embedding bf16) | {r['rms']:.4f} | "
+                  f"{r['max']:.3f} | {r['top1']:.3f} | {r['kl']:.2e} |")
         for label, r in m["llama.cpp"].items():
             types = ", ".join(f"{k} ×{v}" for k, v in sorted(r["types"].items()))
             if "libgdn" in label:

@@ -216,6 +216,19 @@ typedef enum gdn_weight_quant {
     GDN_QUANT_Q4_0 = 2
 } gdn_weight_quant;
 
+/* The lm_head's format under a quant (values equal gdn::LmHeadQuant): the output projection, or for tied
+ * embeddings the quantised copy the logits (and the MTP head's) are computed with. AUTO (default): Q8_0
+ * under Q4_0 (as llama.cpp keeps its output tensor at 8 bits; it halves Q4_0's logit error on gdn-tiny),
+ * else the quant's format. Q8_0 / Q4_0: that format (Q4_0 under Q4_0: every projection at 4 bits). Another
+ * format than AUTO's is read from MODEL_DIR/gdn-packed.<quant>.lm_head-<q8_0|q4_0>.gdnimg; an image whose
+ * lm_head is in another format is refused, never read as this one. Q8_0 / Q4_0 without a quant is
+ * INVALID_ARGUMENT. */
+typedef enum gdn_lm_head_quant {
+    GDN_LM_HEAD_QUANT_AUTO = 0,
+    GDN_LM_HEAD_QUANT_Q8_0 = 1,
+    GDN_LM_HEAD_QUANT_Q4_0 = 2
+} gdn_lm_head_quant;
+
 typedef struct gdn_model_params {
     uint32_t size;     /* sizeof(gdn_model_params) */
     bool load_mtp;     /* bind the checkpoint's multi-token-prediction head when it has one (default true) */
@@ -232,6 +245,8 @@ typedef struct gdn_model_params {
     const char *packed_image;      /* the image AUTOMATIC / IMAGE look for; NULL: MODEL_DIR/gdn-packed.<layout>.gdnimg */
     /* Added after 0.1.0. */
     gdn_weight_quant quant;        /* GDN_QUANT_NONE (default) */
+    /* Added after 0.1.0. */
+    gdn_lm_head_quant lm_head_quant;  /* GDN_LM_HEAD_QUANT_AUTO (default) */
 } gdn_model_params;
 
 /* Fills *params with defaults; params->size must be set. INVALID_ARGUMENT: NULL or wrong size. */
@@ -267,6 +282,11 @@ GDN_API gdn_status gdn_packed_image_write(const char *model_path, const char *ou
  * MODEL_DIR/gdn-packed.<q8_0|q4_0>.gdnimg, where loading with that quant looks. Deterministic: the same
  * checkpoint gives a byte-identical file. */
 GDN_API gdn_status gdn_packed_image_write_quant(const char *model_path, const char *out_path, gdn_weight_quant quant);
+
+/* Added after 0.1.0. The image a load with `params` (NULL: defaults) looks for: params->quant and
+ * params->lm_head_quant choose the encoding (NONE: the bf16 image of gdn_packed_image_write); out_path NULL
+ * writes it where that load looks (see gdn_lm_head_quant). The other fields are ignored. Deterministic. */
+GDN_API gdn_status gdn_packed_image_write_params(const char *model_path, const char *out_path, const gdn_model_params *params);
 
 /* The text model's configuration. Strings and arrays point into the model and stay valid until
  * gdn_model_free. */

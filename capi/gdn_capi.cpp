@@ -322,6 +322,16 @@ gdn::WeightQuant to_quant(const gdn_weight_quant& q) {
   return gdn::WeightQuant::none;
 }
 
+gdn::LmHeadQuant to_lm_head_quant(const gdn_lm_head_quant& q) {
+  switch (enum_int(q)) {
+    case GDN_LM_HEAD_QUANT_AUTO: return gdn::LmHeadQuant::automatic;
+    case GDN_LM_HEAD_QUANT_Q8_0: return gdn::LmHeadQuant::q8_0;
+    case GDN_LM_HEAD_QUANT_Q4_0: return gdn::LmHeadQuant::q4_0;
+    default: invalid("lm_head_quant " + std::to_string(enum_int(q)) + " is not a gdn_lm_head_quant");
+  }
+  return gdn::LmHeadQuant::automatic;
+}
+
 gdn::ModelParams to_cpp(const gdn_model_params& p) {
   gdn::ModelParams mp;
   mp.load_mtp = p.load_mtp;
@@ -335,6 +345,8 @@ gdn::ModelParams to_cpp(const gdn_model_params& p) {
   if (p.weights_in_place != 0) mp.weights = gdn::WeightPlacement::in_place;
   if (p.packed_image != nullptr) mp.packed_image = p.packed_image;
   mp.quant = to_quant(p.quant);
+  mp.lm_head_quant = to_lm_head_quant(p.lm_head_quant);
+  (void)gdn::lm_head_weight_quant(mp.quant, mp.lm_head_quant);  // an lm_head format without a quant
   mp.backend = to_backend(p.backend);  // CUDA uploads its own copy; weights / packed_image are the CPU backend's
   if (p.device < 0) invalid("device " + std::to_string(p.device) + " is negative");
   mp.device = p.device;
@@ -462,6 +474,20 @@ gdn_status gdn_packed_image_write_quant(const char* model_path, const char* out_
     gdn::PackImageOptions o;
     if (out_path != nullptr) o.out = out_path;
     o.quant = to_quant(quant);
+    gdn::write_packed_image(model_path, o);
+  });
+}
+
+gdn_status gdn_packed_image_write_params(const char* model_path, const char* out_path, const gdn_model_params* params) {
+  return guard("gdn_packed_image_write_params", [&] {
+    if (model_path == nullptr) invalid("model_path is NULL");
+    gdn_model_params p = default_model_params();
+    read_struct(params, p, model_params_v1, "gdn_model_params");
+    const gdn::ModelParams mp = to_cpp(p);
+    gdn::PackImageOptions o;
+    if (out_path != nullptr) o.out = out_path;
+    o.quant = mp.quant;
+    o.lm_head_quant = mp.lm_head_quant;
     gdn::write_packed_image(model_path, o);
   });
 }

@@ -120,7 +120,8 @@ void read_tensors(const std::string& dir, const ModelConfig& cfg, CheckpointSumm
 
 // What the CPU backend's load would do with the weights now (prepared_weights.cpp's place()).
 void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& tensors, const ModelParams& mp, MemoryPlan& plan) {
-  const cpu::WeightImage layout = cpu::load_layout(mp);
+  const cpu::ImageLayouts layouts = cpu::load_layouts(mp);
+  const cpu::WeightImage layout = layouts.projections;
   plan.kernel = cpu::is_quantized(layout) ? cpu::quant_kernel_name(cpu::quant_kernel()) : cpu::linear_kernel_name();
   std::vector<const TensorSpec*> bf16;
   std::int64_t embedding = 0, other_in_place = 0, vectors = 0;
@@ -130,7 +131,8 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
     if (s.alias && !s.projection) continue;
     if (s.projection && e.dtype == DType::bf16) {
       bf16.push_back(&s);
-      plan.packed_bytes += static_cast<std::int64_t>(cpu::weight_image_elements(layout, s.shape[0], s.shape[1]) * 2);
+      plan.packed_bytes +=
+          static_cast<std::int64_t>(cpu::weight_image_elements(s.lm_head ? layouts.lm_head : layout, s.shape[0], s.shape[1]) * 2);
     } else if (s.projection) {
       other_in_place += s.alias ? 0 : e.bytes;  // f16 / f32 projections are always read in place
     } else if (s.shape.size() == 2) {
@@ -153,7 +155,7 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
     return in_place(fmt::format("this CPU's projection kernel ({}) reads the weights in place", plan.kernel));
   if (bf16.empty()) return in_place("the model has no bf16 projections to pack");
 
-  const std::string path = mp.packed_image.empty() ? default_packed_image_path(dir, mp.quant) : mp.packed_image;
+  const std::string path = mp.packed_image.empty() ? default_packed_image_path(dir, mp.quant, mp.lm_head_quant) : mp.packed_image;
   std::string refused;
   if (mp.weights == WeightPlacement::packed) {
     // Packing asked for: no image is looked for.
@@ -175,6 +177,10 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
         const auto it = by_name.find(s->name);
         if (it == by_name.end() || it->second->rows != s->shape[0] || it->second->cols != s->shape[1])
           throw Error(Status::invalid_file, fmt::format("{}: the image holds no '{}' of the model's shape", path, s->name));
+        const char* want = cpu::weight_image_name(s->lm_head ? layouts.lm_head : layout);
+        if (it->second->encoding != want)
+          throw Error(Status::invalid_file, fmt::format("{}: the image's '{}' is {}, loading reads it as {}", path, s->name,
+                                                        it->second->encoding, want));
       }
       plan.weights = WeightPlacement::image;
       plan.packed_image = path;

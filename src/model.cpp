@@ -52,6 +52,41 @@ WeightQuant parse_weight_quant(std::string_view name) {
   throw Error(Status::invalid_argument, fmt::format("quantisation '{}' is not one of none, q8_0 (q8), q4_0 (q4)", name.substr(0, 64)));
 }
 
+const char* lm_head_quant_name(LmHeadQuant q) noexcept {
+  switch (q) {
+    case LmHeadQuant::automatic: return "auto";
+    case LmHeadQuant::q8_0: return "q8_0";
+    case LmHeadQuant::q4_0: return "q4_0";
+  }
+  return "?";
+}
+
+LmHeadQuant parse_lm_head_quant(std::string_view name) {
+  if (name == "auto") return LmHeadQuant::automatic;
+  if (name == "q8_0" || name == "q8") return LmHeadQuant::q8_0;
+  if (name == "q4_0" || name == "q4") return LmHeadQuant::q4_0;
+  throw Error(Status::invalid_argument,
+              fmt::format("lm_head_quant '{}' is not one of auto, q8_0 (q8), q4_0 (q4)", name.substr(0, 64)));
+}
+
+WeightQuant lm_head_weight_quant(WeightQuant quant, LmHeadQuant lm_head) {
+  if (lm_head != LmHeadQuant::automatic && lm_head != LmHeadQuant::q8_0 && lm_head != LmHeadQuant::q4_0)
+    throw Error(Status::invalid_argument, fmt::format("lm_head_quant {} is not an LmHeadQuant", static_cast<int>(lm_head)));
+  if (quant == WeightQuant::none) {
+    if (lm_head != LmHeadQuant::automatic)
+      throw Error(Status::invalid_argument,
+                  fmt::format("lm_head_quant {} needs a quant (q8_0 or q4_0): without one every projection, the lm_head "
+                              "included, is read as the checkpoint stores it",
+                              lm_head_quant_name(lm_head)));
+    return WeightQuant::none;
+  }
+  if (lm_head == LmHeadQuant::q8_0) return WeightQuant::q8_0;
+  if (lm_head == LmHeadQuant::q4_0) return WeightQuant::q4_0;
+  // automatic: the 4-bit lm_head is most of q4_0's logit error (docs/quantization.md), so it stays
+  // at 8 bits, as in llama.cpp's Q4_0.
+  return quant == WeightQuant::q4_0 ? WeightQuant::q8_0 : quant;
+}
+
 namespace {
 const cpu::PreparedWeights* cpu_weights(const Model& m) {
   const auto cpu = detail::ModelInternals::find_prepared(m, cpu::prepared_weights_key);
@@ -105,6 +140,7 @@ void Model::prefetch(const std::function<void(std::size_t, std::size_t)>& progre
 
 std::shared_ptr<const Model> Model::load(const std::string& dir, const ModelParams& params) {
   // Config first: an unsupported architecture is refused before any file is mapped.
+  (void)lm_head_weight_quant(params.quant, params.lm_head_quant);  // a bad combination, before any file is read
   ModelConfig config = load_model_config(dir);
   auto checkpoint = std::make_unique<io::Checkpoint>(dir);
   ModelWeights weights = bind_weights(*checkpoint, config, params.load_mtp);

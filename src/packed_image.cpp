@@ -67,7 +67,12 @@ std::string encode_packed_image_header(PackedImageHeader& h) {
   const auto json_of = [&] {
     nlohmann::json tensors = nlohmann::json::array();
     for (const auto& t : h.tensors)
-      tensors.push_back({{"name", t.name}, {"rows", t.rows}, {"cols", t.cols}, {"offset", t.offset}, {"bytes", t.bytes}});
+      tensors.push_back({{"name", t.name},
+                         {"rows", t.rows},
+                         {"cols", t.cols},
+                         {"offset", t.offset},
+                         {"bytes", t.bytes},
+                         {"encoding", t.encoding.empty() ? h.layout : t.encoding}});
     const nlohmann::json j = {{"format", "libgdn packed weight image"},
                               {"weight_encoding", h.weight_encoding},
                               {"quant_block", h.quant_block},
@@ -200,14 +205,19 @@ PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std
     const std::uint64_t rows = count(e, "rows"), cols = count(e, "cols");
     t.offset = count(e, "offset");
     t.bytes = count(e, "bytes");
+    // Absent in images written before tensors had their own encoding: the header's.
+    t.encoding = e.contains("encoding") ? text(e, "encoding") : h.layout;
+    if (quantized ? t.encoding != "q8_0" && t.encoding != "q4_0" : t.encoding != h.layout)
+      bad(what, fmt::format("tensor '{}' has encoding '{}', which a {} image cannot hold", t.name, t.encoding.substr(0, 64),
+                            h.layout));
     if (rows == 0 || cols == 0 || rows > (1u << 30) || cols > (1u << 30))
       bad(what, fmt::format("tensor '{}' has shape [{}, {}]; each size must be in [1, 2^30]", t.name, rows, cols));
     t.rows = static_cast<std::int64_t>(rows);
     t.cols = static_cast<std::int64_t>(cols);
     if (!names.insert(t.name).second) bad(what, fmt::format("tensor '{}' appears twice", t.name));
-    const std::uint64_t need = packed_layout_elements(h.layout, t.rows, t.cols) * 2;
+    const std::uint64_t need = packed_layout_elements(t.encoding, t.rows, t.cols) * 2;
     if (t.bytes != need)
-      bad(what, fmt::format("tensor '{}' has {} bytes but its {} image of [{}, {}] needs {}", t.name, t.bytes, h.layout, t.rows,
+      bad(what, fmt::format("tensor '{}' has {} bytes but its {} image of [{}, {}] needs {}", t.name, t.bytes, t.encoding, t.rows,
                             t.cols, need));
     // In order, aligned, inside the file, not overlapping (each starts at or after the previous end).
     if (t.offset % PackedImageHeader::alignment != 0 || t.offset < end_of_previous || t.offset > h.file_bytes ||

@@ -204,8 +204,8 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c, const std::stri
   for (int i = 0; i < c.num_layers; ++i)
     layer_specs(c, fmt::format("{}layers.{}.", prefix, i), c.layer_types[static_cast<std::size_t>(i)], out);
   out.push_back({prefix + "norm.weight", {H}, false, false});
-  if (c.tie_word_embeddings) out.push_back({prefix + "embed_tokens.weight", {V, H}, true, true});
-  else out.push_back({"lm_head.weight", {V, H}, true, false});
+  if (c.tie_word_embeddings) out.push_back({prefix + "embed_tokens.weight", {V, H}, true, true, true});
+  else out.push_back({"lm_head.weight", {V, H}, true, false, true});
   if (mtp && c.mtp_num_hidden_layers > 0) {
     out.push_back({"mtp.fc.weight", {H, 2 * H}, true, false});
     out.push_back({"mtp.pre_fc_norm_embedding.weight", {H}, false, false});

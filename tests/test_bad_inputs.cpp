@@ -804,6 +804,46 @@ TEST_CASE("sizes, memory and packed images at load", "[bad][sizes][image]") {
   expect_error("image.other_layout", Status::invalid_file, "layout, this CPU's kernel", load_image);
   fs::remove(image);
   expect_error("image.missing", Status::io_error, "no packed image at", load_image);
+
+  // The lm_head's format (ModelParams::lm_head_quant): a bad name, one without a quant, an image of
+  // another lm_head policy, a tensor encoding a quantised image cannot hold.
+  expect_error("params.lm_head_quant_unknown", Status::invalid_argument, "lm_head_quant 'q3' is not one of auto, q8_0",
+               [] { (void)parse_lm_head_quant("q3"); });
+  {
+    ModelParams mp;
+    mp.lm_head_quant = LmHeadQuant::q4_0;
+    expect_error("params.lm_head_quant_without_quant", Status::invalid_argument, "lm_head_quant q4_0 needs a quant",
+                 [&] { Model::load(m.path.string(), mp); });
+  }
+  PackImageOptions all_q4;
+  all_q4.out = image.string();
+  all_q4.quant = WeightQuant::q4_0;
+  all_q4.lm_head_quant = LmHeadQuant::q4_0;
+  write_packed_image(m.path.string(), all_q4);
+  ModelParams q4 = strict;
+  q4.quant = WeightQuant::q4_0;  // the automatic lm_head: q8_0
+  expect_error("image.lm_head_other_format", Status::invalid_file, "is q4_0, and this load reads it as q8_0 (lm_head_quant q8_0)",
+               [&] { Model::load(m.path.string(), q4); });
+  const auto q4_image = read_bytes(image);
+  auto edited = q4_image;
+  {
+    std::string text(reinterpret_cast<const char*>(edited.data()), std::min<std::size_t>(edited.size(), 1 << 20));
+    const auto at = text.find("\"encoding\":\"q4_0\"");
+    REQUIRE(at != std::string::npos);
+    std::memcpy(edited.data() + at, "\"encoding\":\"q3_k\"", 18);
+    const std::uint32_t n = static_cast<std::uint32_t>(edited[12]) | static_cast<std::uint32_t>(edited[13]) << 8 |
+                            static_cast<std::uint32_t>(edited[14]) << 16 | static_cast<std::uint32_t>(edited[15]) << 24;
+    const auto crc =
+        static_cast<std::uint32_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(edited.data()), 16 + n));
+    for (int i = 0; i < 4; ++i) edited[16 + n + static_cast<std::uint32_t>(i)] = static_cast<std::byte>((crc >> (8 * i)) & 0xff);
+  }
+  write_bytes(image, edited);
+  q4.lm_head_quant = LmHeadQuant::q4_0;
+  expect_error("image.tensor_encoding", Status::invalid_file, "has encoding 'q3_k', which a q4_0 image cannot hold",
+               [&] { Model::load(m.path.string(), q4); });
+  write_bytes(image, q4_image);
+  REQUIRE_NOTHROW(Model::load(m.path.string(), q4));
+  fs::remove(image);
 }
 
 // =============================================================================================
@@ -995,6 +1035,13 @@ TEST_CASE("the C ABI refuses NULL, foreign and stale handles and wrong-size stru
                  [&] { return gdn_batch_add(b, s, &tok, 1, GDN_LOGITS_LAST, 1u << 7, nullptr); });
   expect_c_error("capi.negative_token_count", GDN_STATUS_INVALID_ARGUMENT, "n_tokens is -1",
                  [&] { return gdn_batch_add(b, s, &tok, -1, GDN_LOGITS_LAST, 0, nullptr); });
+  expect_c_error("capi.lm_head_quant_unknown", GDN_STATUS_INVALID_ARGUMENT, "lm_head_quant 7 is not a gdn_lm_head_quant", [&] {
+    gdn_model_params mp = gdn_model_default_params();
+    mp.quant = GDN_QUANT_Q4_0;
+    mp.lm_head_quant = static_cast<gdn_lm_head_quant>(7);
+    gdn_model* out = nullptr;
+    return gdn_model_load(test::fixture_model(tied).c_str(), &mp, &out);
+  });
   {
     TempDir d;
     fs::copy(test::fixture_model(tied), d.path / "m", fs::copy_options::recursive);

@@ -192,6 +192,73 @@ TEST_CASE("weights packed for the CPU kernel or used in place: bit-identical log
   if (!images) WARN("this CPU's kernel reads weights in place (no AMX, no AVX-512): both loads used the weights in place");
 }
 
+TEST_CASE("the lm_head's quantised format through C", "[capi][fixtures][quant]") {
+  const std::string fixture = test::fixture_model("qwen35_cond_mtp");
+  test::TempDir dir("capi_lm_head");
+  const std::string path = dir.str() + "/m";
+  std::filesystem::copy(fixture, path, std::filesystem::copy_options::recursive);
+  test::Reference ref("qwen35_cond_mtp");
+  const auto tokens = ref.tokens("prompt5.tokens");
+  // Logits of a load with these params (size: the caller's struct size).
+  const auto run = [&](gdn_weight_quant q, gdn_lm_head_quant lm, std::uint32_t size, gdn_weight_placement w) {
+    gdn_model_params mp = gdn_model_default_params();
+    mp.quant = q;
+    mp.lm_head_quant = lm;
+    mp.weights = w;
+    mp.size = size;
+    gdn_model* m = nullptr;
+    REQUIRE(gdn_model_load(path.c_str(), &mp, &m) == GDN_STATUS_OK);
+    std::vector<float> out;
+    {
+      CContext cc(m, small_c_params());
+      out = c_prefill(cc.c, tokens, 256);
+    }
+    gdn_model_free(m);
+    return out;
+  };
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const std::uint32_t full = sizeof(gdn_model_params);
+  // A caller compiled before lm_head_quant gets AUTO: q8_0 under Q4_0.
+  const auto before = static_cast<std::uint32_t>(offsetof(gdn_model_params, lm_head_quant));
+  const auto automatic = run(GDN_QUANT_Q4_0, GDN_LM_HEAD_QUANT_AUTO, full, GDN_WEIGHTS_PACKED);
+  CHECK(same(run(GDN_QUANT_Q4_0, GDN_LM_HEAD_QUANT_AUTO, before, GDN_WEIGHTS_PACKED), automatic));
+  CHECK(same(run(GDN_QUANT_Q4_0, GDN_LM_HEAD_QUANT_Q8_0, full, GDN_WEIGHTS_PACKED), automatic));
+  const auto all_q4 = run(GDN_QUANT_Q4_0, GDN_LM_HEAD_QUANT_Q4_0, full, GDN_WEIGHTS_PACKED);
+  CHECK_FALSE(same(all_q4, automatic));
+  // Each policy's image, written through C where a load with those params looks, maps to the same logits.
+  gdn_model_params wp = gdn_model_default_params();
+  wp.quant = GDN_QUANT_Q4_0;
+  REQUIRE(gdn_packed_image_write_params(path.c_str(), nullptr, &wp) == GDN_STATUS_OK);
+  CHECK(std::filesystem::exists(path + "/gdn-packed.q4_0.gdnimg"));
+  wp.lm_head_quant = GDN_LM_HEAD_QUANT_Q4_0;
+  REQUIRE(gdn_packed_image_write_params(path.c_str(), nullptr, &wp) == GDN_STATUS_OK);
+  CHECK(std::filesystem::exists(path + "/gdn-packed.q4_0.lm_head-q4_0.gdnimg"));
+  CHECK(same(run(GDN_QUANT_Q4_0, GDN_LM_HEAD_QUANT_AUTO, full, GDN_WEIGHTS_IMAGE), automatic));
+  CHECK(same(run(GDN_QUANT_Q4_0, GDN_LM_HEAD_QUANT_Q4_0, full, GDN_WEIGHTS_IMAGE), all_q4));
+  // The image of the other policy, named explicitly, is refused (never read as this one).
+  gdn_model_params mp = gdn_model_default_params();
+  mp.quant = GDN_QUANT_Q4_0;
+  mp.weights = GDN_WEIGHTS_IMAGE;
+  const std::string other = path + "/gdn-packed.q4_0.lm_head-q4_0.gdnimg";
+  mp.packed_image = other.c_str();
+  gdn_model* m = nullptr;
+  CHECK(gdn_model_load(path.c_str(), &mp, &m) == GDN_STATUS_INVALID_FILE);
+  CHECK_THAT(gdn_last_error(), Catch::Contains("lm_head_quant q8_0"));
+  // Bad values name the field.
+  mp = gdn_model_default_params();
+  mp.lm_head_quant = GDN_LM_HEAD_QUANT_Q8_0;  // without a quant
+  CHECK(gdn_model_load(path.c_str(), &mp, &m) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK_THAT(gdn_last_error(), Catch::Contains("lm_head_quant q8_0 needs a quant"));
+  mp.quant = GDN_QUANT_Q4_0;
+  mp.lm_head_quant = static_cast<gdn_lm_head_quant>(3);
+  CHECK(gdn_model_load(path.c_str(), &mp, &m) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK_THAT(gdn_last_error(), Catch::Contains("lm_head_quant 3 is not a gdn_lm_head_quant"));
+  CHECK(gdn_packed_image_write_params(path.c_str(), nullptr, &mp) == GDN_STATUS_INVALID_ARGUMENT);
+  CHECK(m == nullptr);
+}
+
 TEST_CASE("weight placement, packed images and memory plans through C", "[capi][fixtures]") {
   const std::string fixture = test::fixture_model("qwen35_cond_mtp");
   test::TempDir dir("capi_image");

@@ -186,3 +186,56 @@ TEST_CASE("a sparse checkpoint gives a sparse image", "[image]") {
   in_place.weights = WeightPlacement::in_place;
   CHECK(same_bits(logits_of(m), logits_of(Model::load(dir.str(), in_place))));
 }
+
+// The quantised images of each lm_head policy (ModelParams::lm_head_quant): each has its own file,
+// its header records every tensor's encoding, the memory plan counts the lm_head in its format, the
+// mapped image equals quantising at load bit for bit, and gdn pack is deterministic.
+TEST_CASE("quantised images per lm_head policy: own file, encodings recorded, deterministic, mapped == packed", "[image][quant]") {
+  for (const char* fixture : {"qwen35_tied", "qwen35_cond_mtp"}) {
+    INFO("fixture " << fixture);
+    test::TempDir dir("image_lm_head");
+    const fs::path copy = fs::path(dir.str()) / fixture;
+    fs::copy(test::fixture_model(fixture), copy, fs::copy_options::recursive);
+    const auto read_all = [](const std::string& path) {
+      std::ifstream f(path, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    std::size_t sizes[2] = {};
+    int k = 0;
+    for (const LmHeadQuant lm : {LmHeadQuant::automatic, LmHeadQuant::q4_0}) {
+      INFO("lm_head " << lm_head_quant_name(lm));
+      PackImageOptions o;
+      o.quant = WeightQuant::q4_0;
+      o.lm_head_quant = lm;
+      const PackImageResult r = write_packed_image(copy.string(), o);
+      CHECK(r.path == default_packed_image_path(copy.string(), WeightQuant::q4_0, lm));
+      CHECK(fs::path(r.path).filename() ==
+            (lm == LmHeadQuant::automatic ? "gdn-packed.q4_0.gdnimg" : "gdn-packed.q4_0.lm_head-q4_0.gdnimg"));
+      const std::string first = read_all(r.path);
+      const PackImageResult again = write_packed_image(copy.string(), o);
+      CHECK(read_all(again.path) == first);  // byte-identical
+      const PackedImageHeader h = read_packed_image_header(r.path);
+      CHECK(h.weight_encoding == "q4_0");
+      ModelParams mp;
+      mp.quant = WeightQuant::q4_0;
+      mp.lm_head_quant = lm;
+      mp.weights = WeightPlacement::image;
+      const auto mapped = Model::load(copy.string(), mp);
+      CHECK(mapped->packed_image_path() == r.path);
+      int q8 = 0;
+      for (const auto& t : h.tensors) q8 += t.encoding == "q8_0";
+      CHECK(q8 == (lm == LmHeadQuant::automatic ? 1 : 0));  // the lm_head alone (tied: the embedding's copy)
+      const std::string lm_name = mapped->config().tie_word_embeddings ? "embed_tokens" : "lm_head";
+      for (const auto& t : h.tensors)
+        if (t.encoding == "q8_0") CHECK(t.name.find(lm_name) != std::string::npos);
+      // The plan counts the bytes loading maps.
+      CHECK(plan_memory(copy.string(), ContextParams{}, mp).packed_bytes == static_cast<std::int64_t>(mapped->packed_bytes()));
+      mp.weights = WeightPlacement::packed;
+      const auto packed = Model::load(copy.string(), mp);
+      CHECK(packed->packed_bytes() == mapped->packed_bytes());
+      CHECK(same_bits(logits_of(mapped), logits_of(packed)));
+      sizes[k++] = mapped->packed_bytes();
+    }
+    CHECK(sizes[0] > sizes[1]);  // the q8_0 lm_head is larger
+  }
+}

@@ -339,10 +339,12 @@ PYBIND11_MODULE(gdn, m) {
       .def_static(
           "load",
           [](const std::string& path, bool load_mtp, bool pack_weights, const std::string& weights,
-             const std::optional<std::string>& packed_image, gdn::Backend backend, int device, const std::string& quant) {
+             const std::optional<std::string>& packed_image, gdn::Backend backend, int device, const std::string& quant,
+             const std::string& lm_head_quant) {
             gdn::ModelParams p;
             p.load_mtp = load_mtp;
             p.quant = gdn::parse_weight_quant(quant);
+            p.lm_head_quant = gdn::parse_lm_head_quant(lm_head_quant);
             p.weights = placement_named(weights);
             if (!pack_weights) p.weights = gdn::WeightPlacement::in_place;
             if (packed_image) p.packed_image = *packed_image;
@@ -353,7 +355,7 @@ PYBIND11_MODULE(gdn, m) {
           },
           "path"_a, py::kw_only(), "load_mtp"_a = gdn::ModelParams{}.load_mtp, "pack_weights"_a = true, "weights"_a = "auto",
           "packed_image"_a = py::none(), "backend"_a = gdn::ModelParams{}.backend, "device"_a = gdn::ModelParams{}.device,
-          "quant"_a = "none",
+          "quant"_a = "none", "lm_head_quant"_a = "auto",
           "Loads a Hugging Face checkpoint directory (config.json + safetensors), validated and memory-mapped. "
           "weights (the CPU backend's; the CUDA backend uploads its own copy): 'auto' (a valid packed image when there "
           "is one, else packed at load when that fits the memory available, else in place), 'pack' (packed at load, no "
@@ -362,7 +364,9 @@ PYBIND11_MODULE(gdn, m) {
           "MODEL_DIR/gdn-packed.<layout>.gdnimg, what gdn.pack writes). "
           "backend: whose form of the weights to make now (gdn.Backend.cuda: upload them to `device`). "
           "quant: 'none', 'q8_0' or 'q4_0' (block-quantised projections, docs/quantization.md: the image gdn.pack(..., "
-          "quant=) wrote, else quantised at load).")
+          "quant=) wrote, else quantised at load). lm_head_quant: the lm_head's format under quant: 'auto' (q8_0 "
+          "under q4_0, else quant's), 'q8_0' or 'q4_0' (another than auto's has its own image, "
+          "MODEL_DIR/gdn-packed.<quant>.lm_head-<format>.gdnimg).")
       .def_property_readonly("weights",
                              [](const ModelHandle& pm) {
                                const auto w = pm.model->weight_placement();
@@ -649,7 +653,8 @@ PYBIND11_MODULE(gdn, m) {
       "memory_plan",
       [](const std::string& path, int max_sequences, int max_context, std::optional<gdn::DType> state_dtype,
          gdn::Backend backend, int max_batch_tokens, int max_rollback_tokens, int threads, const std::string& weights,
-         const std::optional<std::string>& packed_image, std::optional<gdn::DType> kv_dtype) {
+         const std::optional<std::string>& packed_image, std::optional<gdn::DType> kv_dtype, const std::string& quant,
+         const std::string& lm_head_quant) {
         gdn::ContextParams p;
         p.max_sequences = max_sequences;
         p.max_context = max_context;
@@ -662,6 +667,8 @@ PYBIND11_MODULE(gdn, m) {
         gdn::ModelParams mp;
         mp.weights = placement_named(weights);
         if (packed_image) mp.packed_image = *packed_image;
+        mp.quant = gdn::parse_weight_quant(quant);
+        mp.lm_head_quant = gdn::parse_lm_head_quant(lm_head_quant);
         std::string json;
         {
           py::gil_scoped_release nogil;
@@ -671,16 +678,18 @@ PYBIND11_MODULE(gdn, m) {
       },
       "path"_a, py::kw_only(), "max_sequences"_a = 1, "max_context"_a = d.max_context, "state_dtype"_a = py::none(),
       "backend"_a = gdn::Backend::cpu, "max_batch_tokens"_a = d.max_batch_tokens, "max_rollback_tokens"_a = 0,
-      "threads"_a = 0, "weights"_a = "auto", "packed_image"_a = py::none(), "kv_dtype"_a = py::none(),
+      "threads"_a = 0, "weights"_a = "auto", "packed_image"_a = py::none(), "kv_dtype"_a = py::none(), "quant"_a = "none",
+      "lm_head_quant"_a = "auto",
       "The memory plan of a checkpoint for these context parameters, from config.json and the safetensors headers only "
       "(no weight is read; `gdn info`): a dict of byte counts (weights, per-sequence GDN state, KV per token, rollback, "
       "work buffers, outputs, totals) and what loading would do with the weights.");
   m.def(
       "pack",
-      [](const std::string& path, const std::optional<std::string>& out, const std::string& quant) {
+      [](const std::string& path, const std::optional<std::string>& out, const std::string& quant, const std::string& lm_head_quant) {
         gdn::PackImageOptions o;
         if (out) o.out = *out;
         o.quant = gdn::parse_weight_quant(quant);
+        o.lm_head_quant = gdn::parse_lm_head_quant(lm_head_quant);
         gdn::PackImageResult r;
         {
           py::gil_scoped_release nogil;
@@ -695,9 +704,10 @@ PYBIND11_MODULE(gdn, m) {
         d["seconds"] = r.seconds;
         return d;
       },
-      "path"_a, "out"_a = py::none(), "quant"_a = "none",
+      "path"_a, "out"_a = py::none(), "quant"_a = "none", "lm_head_quant"_a = "auto",
       "Writes the packed weight image of a checkpoint (`gdn pack`); later loads map it instead of packing the weights. "
-      "quant 'q8_0' / 'q4_0': the block-quantised image that Model.load(..., quant=) maps.");
+      "quant 'q8_0' / 'q4_0': the block-quantised image that Model.load(..., quant=, lm_head_quant=) maps; "
+      "lm_head_quant: the lm_head's format ('auto': q8_0 under q4_0).");
 
   // --- gdn doctor ---------------------------------------------------------------------------
   m.def(

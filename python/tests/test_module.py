@@ -102,6 +102,29 @@ def test_weights_placement_packed_image_and_memory_plan(tmp_path):
     assert cuda["backend"] == "cuda" and cuda["device_weight_bytes"] > 0
 
 
+def test_quantised_lm_head_policy(tmp_path):
+    # quant='q4_0' keeps the lm_head at q8_0 (lm_head_quant='auto'); lm_head_quant='q4_0' quantises
+    # it too: another image file, other logits, a smaller plan; bad values name the field.
+    import shutil
+    d = str(tmp_path / "m")
+    shutil.copytree(model_dir("qwen35_cond_mtp"), d)
+    tokens = reference("qwen35_cond_mtp")["prompt5.tokens"]
+    auto = prefill(small_context(gdn.Model.load(d, quant="q4_0", weights="pack")), tokens)
+    q8 = prefill(small_context(gdn.Model.load(d, quant="q4_0", lm_head_quant="q8_0", weights="pack")), tokens)
+    all_q4 = prefill(small_context(gdn.Model.load(d, quant="q4_0", lm_head_quant="q4_0", weights="pack")), tokens)
+    assert np.array_equal(auto, q8) and not np.array_equal(auto, all_q4)
+    info = gdn.pack(d, quant="q4_0", lm_head_quant="q4_0")
+    assert info["path"].endswith("gdn-packed.q4_0.lm_head-q4_0.gdnimg")
+    mapped = gdn.Model.load(d, quant="q4_0", lm_head_quant="q4_0", weights="image")
+    assert np.array_equal(prefill(small_context(mapped), tokens), all_q4)
+    plans = [gdn.memory_plan(d, quant="q4_0", lm_head_quant=lm)["packed_bytes"] for lm in ("auto", "q4_0")]
+    assert plans[0] > plans[1]
+    with pytest.raises(gdn.InvalidArgumentError, match="lm_head_quant 'q5' is not one of"):
+        gdn.Model.load(d, quant="q4_0", lm_head_quant="q5")
+    with pytest.raises(gdn.InvalidArgumentError, match="lm_head_quant q4_0 needs a quant"):
+        gdn.Model.load(d, lm_head_quant="q4_0")
+
+
 def test_bf16_matmul_inputs_stay_near_the_float32_reference():
     # matmul_input=bf16 rounds the activations entering each projection (tests/test_model_fixtures.cpp
     # holds it to transformers' own bf16 run); here: the option reaches the engine and behaves.

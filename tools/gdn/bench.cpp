@@ -221,9 +221,11 @@ class BandwidthMeter {
 std::int64_t weight_bytes_per_token(const Model& m) {
   std::int64_t b = 0;
   const bool quantised = m.params().quant != WeightQuant::none;
-  const cpu::WeightImage layout = cpu::load_layout(m.params());
-  for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false))
+  const cpu::ImageLayouts layouts = cpu::load_layouts(m.params());  // the lm_head's may differ (--lm-head-quant)
+  for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false)) {
+    const cpu::WeightImage layout = lw == &m.weights().lm_head ? layouts.lm_head : layouts.projections;
     b += static_cast<std::int64_t>(quantised ? 2 * cpu::weight_image_elements(layout, lw->out(), lw->in()) : lw->w.nbytes());
+  }
   const TensorView& e = m.weights().embed_tokens;
   return b + static_cast<std::int64_t>(e.nbytes() / static_cast<std::size_t>(e.dim(0)));
 }
@@ -252,6 +254,7 @@ struct Options {
   int kv_page_size = 16;  // --kv-page-size: positions per KV page in the context sections  // --context-rounds: decode at --contexts against the peer, per KV dtype, in rounds
   WeightPlacement weights = WeightPlacement::automatic;  // --weights / --in-place
   WeightQuant quant = WeightQuant::none;   // --quant: block-quantised projections (docs/quantization.md)
+  LmHeadQuant lm_head_quant = LmHeadQuant::automatic;  // --lm-head-quant: the lm_head's format under --quant
   std::string image_path;                  // --image-path: where the packed image is (written when missing)
   std::vector<std::string> load_modes = {"in-place", "pack", "image"};  // the load-time section
   bool sparse = false;                     // --sparse: an all-zero generated checkpoint (holes on disk)
@@ -494,12 +497,13 @@ WeightPlacement placement_named(std::string_view v) {
 
 // Makes sure a valid packed image of `dir` is at `path` (writing it when missing or refused);
 // returns the seconds `gdn pack` took (0 when the image was there).
-double ensure_image(const std::string& dir, const std::string& path, WeightQuant quant) {
+double ensure_image(const std::string& dir, const std::string& path, WeightQuant quant, LmHeadQuant lm_head) {
   try {
     ModelParams mp;
     mp.weights = WeightPlacement::image;
     mp.packed_image = path;
     mp.quant = quant;
+    mp.lm_head_quant = lm_head;
     Model::load(dir, mp);
     return 0.0;
   } catch (const Error& e) {
@@ -508,6 +512,7 @@ double ensure_image(const std::string& dir, const std::string& path, WeightQuant
   PackImageOptions po;
   po.out = path;
   po.quant = quant;
+  po.lm_head_quant = lm_head;
   const PackImageResult r = write_packed_image(dir, po);
   fmt::print(stderr, "  {} MB in {:.1f} s ({} MB of non-zero blocks)\n", r.file_bytes / 1000000, r.seconds, r.written_bytes / 1000000);
   return r.seconds;
@@ -515,11 +520,13 @@ double ensure_image(const std::string& dir, const std::string& path, WeightQuant
 
 // Load time and first-token latency of one way of reading the weights: Model::load, a context, the
 // first one-token step (which faults in whatever the load did not read) and a second one.
-json measure_load(const std::string& dir, WeightPlacement w, const std::string& image, WeightQuant quant, int threads) {
+json measure_load(const std::string& dir, WeightPlacement w, const std::string& image, WeightQuant quant, LmHeadQuant lm_head,
+                  int threads) {
   ModelParams mp;
   mp.weights = w;
   mp.packed_image = image;
   mp.quant = quant;
+  mp.lm_head_quant = lm_head;
   const auto t0 = Clock::now();
   auto model = Model::load(dir, mp);
   const double load_s = seconds_since(t0);
@@ -555,6 +562,7 @@ int usage() {
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
       "                 [--peer-args 'ARGS'] [--rounds N] [--weights auto|pack|image|in-place] [--in-place]\n"
       "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N] [--quant q8_0|q4_0]\n"
+      "                 [--lm-head-quant auto|q8_0|q4_0]\n"
       "                 [--float32-only] [--context-rounds N]\n"
       "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512, no load section\n"
       "  --peer-python  also run llama.cpp (llama-cpp-python) on the same weights and print ours/llama.cpp\n"
@@ -614,6 +622,7 @@ int bench(int argc, char** argv) {
     else if (a == "--weights" && v) o.weights = placement_named(argv[++i]);
     else if (a == "--image-path" && v) o.image_path = argv[++i];
     else if (a == "--quant" && v) o.quant = parse_weight_quant(argv[++i]);
+    else if (a == "--lm-head-quant" && v) o.lm_head_quant = parse_lm_head_quant(argv[++i]);
     else if (a == "--load-modes" && v) {
       o.load_modes.clear();
       for (std::string_view m = argv[++i]; !m.empty();) {
@@ -676,17 +685,19 @@ int bench(int argc, char** argv) {
     }
   } else if (!default_packed_image_path(dir).empty() && ::access(dir.c_str(), W_OK) != 0) {
     // A read-only checkpoint directory: the image goes to the cache.
-    default_image = (std::filesystem::path(o.cache) / std::filesystem::path(default_packed_image_path(dir, o.quant)).filename()).string();
+    default_image = (std::filesystem::path(o.cache) / std::filesystem::path(default_packed_image_path(dir, o.quant, o.lm_head_quant)).filename()).string();
   }
   // The image of the measured format: the bf16 layout's, or the --quant's.
   const std::string image =
-      !o.image_path.empty() ? o.image_path : default_image.empty() ? default_packed_image_path(dir, o.quant) : default_image;
+      !o.image_path.empty()   ? o.image_path
+      : default_image.empty() ? default_packed_image_path(dir, o.quant, o.lm_head_quant)
+                              : default_image;
   out["model_dir"] = dir;
   const bool wants_image = o.weights == WeightPlacement::image ||
                            std::find(o.load_modes.begin(), o.load_modes.end(), "image") != o.load_modes.end();
   if (wants_image && !image.empty()) {
     std::filesystem::create_directories(std::filesystem::path(image).parent_path());
-    out["pack_seconds"] = ensure_image(dir, image, o.quant);
+    out["pack_seconds"] = ensure_image(dir, image, o.quant, o.lm_head_quant);
   }
 
   // 0. Load time and first-token latency per way of reading the weights (the page cache is warm
@@ -697,7 +708,7 @@ int bench(int argc, char** argv) {
       const WeightPlacement w = placement_named(m);
       if (w == WeightPlacement::image && image.empty()) continue;
       if (w == WeightPlacement::in_place && o.quant != WeightQuant::none) continue;  // quantised weights are never read in place
-      json r = measure_load(dir, w, image, o.quant, o.threads);
+      json r = measure_load(dir, w, image, o.quant, o.lm_head_quant, o.threads);
       r["mode"] = m;
       fmt::print("load {:<9} {:7.3f} s load + {:6.3f} s context, first token {:7.3f} s, second {:7.3f} s; RSS after load: "
                  "{:.0f} MiB anonymous\n",
@@ -712,6 +723,7 @@ int bench(int argc, char** argv) {
   mparams.weights = o.weights;
   mparams.packed_image = image;
   mparams.quant = o.quant;
+  mparams.lm_head_quant = o.lm_head_quant;
   auto model = Model::load(dir, mparams);
   out["weights"] = weight_placement_name(model->weight_placement());
   const auto& cfg = model->config();
@@ -723,7 +735,9 @@ int bench(int argc, char** argv) {
   // The projection kernel that runs: the bf16 one, or the block-quantised one under --quant.
   const std::string kernel = o.quant == WeightQuant::none
                                  ? std::string(cpu::linear_kernel_name())
-                                 : fmt::format("{} {}", weight_quant_name(o.quant), cpu::quant_kernel_name(cpu::quant_kernel()));
+                                 : fmt::format("{} (lm_head {}) {}", weight_quant_name(o.quant),
+                                               weight_quant_name(lm_head_weight_quant(o.quant, o.lm_head_quant)),
+                                               cpu::quant_kernel_name(cpu::quant_kernel()));
   out["kernel"] = kernel;
   fmt::print("gdn bench: {} ({} layers, hidden {}, vocab {}), {} threads, kernel {}, weights {}\n", dir, cfg.num_layers,
              cfg.hidden_size, cfg.vocab_size, threads, kernel,

@@ -6,7 +6,8 @@
 // gdn-packed.<layout>.gdnimg, or the --image FILE), else packing when it fits the memory available,
 // else in place; an image that is refused (stale, foreign, truncated, corrupt) is named in one line
 // on stderr and the checkpoint is used instead. --quant q8_0|q4_0 reads block-quantised projections
-// (docs/quantization.md): the image `gdn pack MODEL_DIR --quant Q` wrote, else quantised at load.
+// (docs/quantization.md): the image `gdn pack MODEL_DIR --quant Q` wrote, else quantised at load;
+// --lm-head-quant auto|q8_0|q4_0 the lm_head's format under it (auto: q8_0 under q4_0).
 
 #include <string_view>
 
@@ -14,7 +15,8 @@
 
 namespace gdn::cli {
 
-inline constexpr const char* load_flags_usage = "[--pack | --in-place | --image FILE] [--quant q8_0|q4_0]";
+inline constexpr const char* load_flags_usage =
+    "[--pack | --in-place | --image FILE] [--quant q8_0|q4_0] [--lm-head-quant auto|q8_0|q4_0]";
 
 // Consumes argv[i] (and its value) when it is one of the flags; false otherwise.
 inline bool parse_load_flag(int argc, char** argv, int& i, ModelParams& mp) {
@@ -23,6 +25,7 @@ inline bool parse_load_flag(int argc, char** argv, int& i, ModelParams& mp) {
   else if (a == "--in-place") mp.weights = WeightPlacement::in_place;
   else if (a == "--image" && i + 1 < argc) mp.packed_image = argv[++i];
   else if (a == "--quant" && i + 1 < argc) mp.quant = parse_weight_quant(argv[++i]);
+  else if (a == "--lm-head-quant" && i + 1 < argc) mp.lm_head_quant = parse_lm_head_quant(argv[++i]);
   else return false;
   return true;
 }

@@ -7,9 +7,12 @@
 // File layout (little-endian):
 //   "GDNPACK\0"  u32 format version  u32 N  N bytes of JSON  u32 CRC-32 of everything before it
 //   zero padding to data_offset, then each tensor's image at its offset (4096-aligned)
-// The JSON names the weight encoding ("bf16"; a field for the quantised images to come, q8 / q4
-// in blocks of quant_block), the kernel layout and its version, the checkpoint's fingerprint, the
-// file's size, and every tensor with its shape, offset and byte count.
+// The JSON names the weight encoding ("bf16", "q8_0" or "q4_0", in blocks of quant_block), the
+// kernel layout and its version, the checkpoint's fingerprint, the file's size, and every tensor
+// with its shape, offset, byte count and encoding. A quantised image's tensors may differ in
+// encoding (the lm_head at q8_0 in a q4_0 image, ModelParams::lm_head_quant); the loader refuses a
+// tensor whose encoding is not the one it asked for. An image written before tensors had an
+// encoding has its header's for every tensor.
 //
 // The CRC covers the header only: a image's data is as large as the weights, and checking it would
 // cost the pass over it that mapping avoids. What the header does guarantee is that the image is
@@ -37,12 +40,15 @@ struct PackedImageTensor {
   std::int64_t cols = 0;   // in
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;
+  // Its layout: the header's for a bf16 image; "q8_0" or "q4_0" in a quantised one (the lm_head's
+  // may differ from the rest).
+  std::string encoding;
 };
 
 struct PackedImageHeader {
   static constexpr std::uint32_t format_version = 1;
   static constexpr std::uint64_t alignment = 4096;  // of data_offset and of every tensor's offset
-  std::string weight_encoding = "bf16";  // "bf16" (the checkpoint's values); quantised encodings to come
+  std::string weight_encoding = "bf16";  // "bf16" (the checkpoint's values), "q8_0", "q4_0" (the projections')
   std::int64_t quant_block = 0;          // elements per quantisation block (0 for bf16)
   std::string layout;                    // "panels" (AVX-512) or "amx_tiles" (AMX)
   std::int64_t layout_version = 0;
@@ -82,14 +88,18 @@ std::string checkpoint_fingerprint(const std::string& dir, std::span<const std::
 // Where `gdn pack DIR` writes the image for this process's projection kernel, and where loading
 // looks for it: DIR/gdn-packed.<layout>.gdnimg. Empty when the kernel reads weights in place.
 std::string default_packed_image_path(const std::string& model_dir);
-// The image of the checkpoint quantised as `quant` (DIR/gdn-packed.<quant>.gdnimg, read by every CPU
-// kernel); none: the one above.
-std::string default_packed_image_path(const std::string& model_dir, WeightQuant quant);
+// The image of the checkpoint quantised as `quant` (read by every CPU kernel), with the lm_head in
+// the format lm_head gives: DIR/gdn-packed.<quant>.gdnimg for the automatic format (q8_0 under
+// q4_0), DIR/gdn-packed.<quant>.lm_head-<format>.gdnimg for another (e.g. every projection at q4_0:
+// gdn-packed.q4_0.lm_head-q4_0.gdnimg), so each policy has its own file; none: the one above.
+std::string default_packed_image_path(const std::string& model_dir, WeightQuant quant,
+                                      LmHeadQuant lm_head = LmHeadQuant::automatic);
 
 struct PackImageOptions {
-  std::string out;          // empty: default_packed_image_path(model_dir)
+  std::string out;          // empty: default_packed_image_path(model_dir, quant, lm_head_quant)
   std::string layout;       // empty: this process's kernel's ("panels" or "amx_tiles"), or the quant's
   WeightQuant quant = WeightQuant::none;  // q8_0 / q4_0: the quantised image (layout and encoding "q8_0" / "q4_0")
+  LmHeadQuant lm_head_quant = LmHeadQuant::automatic;  // the lm_head's format under quant (ModelParams::lm_head_quant)
   int threads = 0;          // 0: up to 8, one per hardware thread
   std::function<void(std::size_t, std::size_t)> progress;  // (done, total) bytes of weights
 };

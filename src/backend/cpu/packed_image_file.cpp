@@ -66,18 +66,30 @@ std::string default_packed_image_path(const std::string& model_dir) {
   return (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}.gdnimg", cpu::weight_image_name(layout))).string();
 }
 
-std::string default_packed_image_path(const std::string& model_dir, WeightQuant quant) {
+std::string default_packed_image_path(const std::string& model_dir, WeightQuant quant, LmHeadQuant lm_head) {
+  const WeightQuant lm = lm_head_weight_quant(quant, lm_head);
   if (quant == WeightQuant::none) return default_packed_image_path(model_dir);
-  return (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}.gdnimg", weight_quant_name(quant))).string();
+  // The automatic lm_head format keeps the name images had before the lm_head had its own format.
+  const std::string policy =
+      lm == lm_head_weight_quant(quant, LmHeadQuant::automatic) ? std::string() : fmt::format(".lm_head-{}", weight_quant_name(lm));
+  return (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}{}.gdnimg", weight_quant_name(quant), policy)).string();
 }
 
 PackImageResult write_packed_image(const std::string& model_dir, const PackImageOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   ModelParams quant_params;
   quant_params.quant = options.quant;
+  quant_params.lm_head_quant = options.lm_head_quant;
   const cpu::WeightImage layout = options.layout.empty() ? cpu::load_layout(quant_params) : layout_named(options.layout);
   if (options.quant != WeightQuant::none && layout != cpu::load_layout(quant_params))
     throw Error(Status::invalid_argument, fmt::format("--layout {} does not go with --quant {}", options.layout, weight_quant_name(options.quant)));
+  // --layout q8_0 / q4_0 alone is that quant.
+  if (layout == cpu::WeightImage::q8_0) quant_params.quant = WeightQuant::q8_0;
+  if (layout == cpu::WeightImage::q4_0) quant_params.quant = WeightQuant::q4_0;
+  // A bf16 image has one layout; a quantised one the policy's lm_head format. (load_layouts throws
+  // for an lm_head format without a quant.)
+  const cpu::ImageLayouts quant_layouts = cpu::load_layouts(quant_params);
+  const cpu::ImageLayouts layouts = cpu::is_quantized(layout) ? quant_layouts : cpu::ImageLayouts{layout, layout};
   if (layout == cpu::WeightImage::none)
     throw Error(Status::unsupported_model,
                 fmt::format("this CPU's projection kernel ({}) reads the weights in place; there is no packed image to write "
@@ -99,6 +111,7 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
   }
   h.writer = "libgdn 0.1.0";
   std::vector<const cpu::Linear*> todo;
+  std::vector<cpu::WeightImage> todo_layouts;
   std::vector<std::string> todo_names;
   std::size_t k = 0;
   for (const cpu::Linear* p : prepared->projections()) {
@@ -109,9 +122,12 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
                   fmt::format("{}: a projection's data is not aligned in its file (libgdn reads a copy), so an image cannot "
                               "name it",
                               model_dir));
+    const cpu::WeightImage tl = cpu::layout_of(*prepared, p, layouts);
     todo.push_back(p);
+    todo_layouts.push_back(tl);
     todo_names.push_back(name);
-    h.tensors.push_back({name, p->out(), p->in(), 0, cpu::weight_image_elements(layout, p->out(), p->in()) * 2});
+    h.tensors.push_back(
+        {name, p->out(), p->in(), 0, cpu::weight_image_elements(tl, p->out(), p->in()) * 2, cpu::weight_image_name(tl)});
   }
   if (todo.empty()) throw Error(Status::unsupported_model, fmt::format("{}: the model has no bf16 projections to pack", model_dir));
   h.fingerprint = checkpoint_fingerprint(ckpt, todo_names);
@@ -119,7 +135,7 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
 
   PackImageResult result;
   result.path = !options.out.empty()          ? options.out
-                : cpu::is_quantized(layout) ? (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}.gdnimg", h.layout)).string()
+                : cpu::is_quantized(layout) ? default_packed_image_path(model_dir, quant_params.quant, options.lm_head_quant)
                                             : default_packed_image_path(model_dir);
   if (result.path.empty())
     result.path = (std::filesystem::path(model_dir) / fmt::format("gdn-packed.{}.gdnimg", h.layout)).string();
@@ -176,7 +192,7 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
         const std::int64_t r0 = b * 32, r1 = std::min(rows, r0 + 32);
         // A block of zero weights packs to zeros: leave the file's hole.
         if (all_zero(p.w->data + r0 * row_bytes, static_cast<std::size_t>((r1 - r0) * row_bytes))) continue;
-        cpu::pack_weight_image(layout, *p.w, r0, r1, image);
+        cpu::pack_weight_image(todo_layouts[i], *p.w, r0, r1, image);
         written += block_bytes;
       }
     });

@@ -111,17 +111,17 @@ std::vector<Linear*> bf16_projections(PreparedWeights& w) {
 // size of the weights) so decode streams the weights sequentially; then lets go of the checkpoint's
 // pages of those tensors (they stay in the page cache, where the embedding lookup and anything else
 // reading the views finds them).
-void pack(PreparedWeights& w, WeightImage layout, const io::Checkpoint& ckpt,
+void pack(PreparedWeights& w, const ImageLayouts& layouts, const io::Checkpoint& ckpt,
           const std::function<void(std::size_t, std::size_t)>& progress) {
   const std::vector<Linear*> todo = bf16_projections(w);
   if (todo.empty()) return;
-  w.packed = AnonymousMemory(packed_bytes(w, layout));
+  w.packed = AnonymousMemory(packed_bytes(w, layouts));
   auto* base = reinterpret_cast<std::uint16_t*>(w.packed.data());
   std::size_t offset = 0;
   for (Linear* p : todo) {
     p->image = base + offset;
-    p->layout = layout;
-    offset += weight_image_elements(layout, p->out(), p->in());
+    p->layout = layout_of(w, p, layouts);
+    offset += weight_image_elements(p->layout, p->out(), p->in());
   }
   // Copying is bound by reading the checkpoint (page faults, or the disk on a cold cache), so a
   // pool of threads, alive only for the load, splits each tensor by blocks of 32 rows.
@@ -137,7 +137,7 @@ void pack(PreparedWeights& w, WeightImage layout, const io::Checkpoint& ckpt,
     // copy plus a few ranges, not plus the largest tensor (a 248k-row lm_head is 0.5 GB at 0.8B).
     // The embedding lookup (a tied lm_head) re-faults the few rows it reads from the page cache.
     pool.parallel_for((out + 31) / 32, 64, [&](std::int64_t b0, std::int64_t b1, int) {
-      pack_weight_image(layout, *p->w, b0 * 32, std::min(out, b1 * 32), image);
+      pack_weight_image(p->layout, *p->w, b0 * 32, std::min(out, b1 * 32), image);
       const std::int64_t r0 = b0 * 32, r1 = std::min(out, b1 * 32);
       release_mapped_pages(data + static_cast<std::uintptr_t>(r0 * row_bytes), data + static_cast<std::uintptr_t>(r1 * row_bytes), ckpt);
     });
@@ -148,9 +148,11 @@ void pack(PreparedWeights& w, WeightImage layout, const io::Checkpoint& ckpt,
 }
 
 // Points every bf16 projection at its image in the packed image file at `path`, after checking
-// that the file is a valid image of this checkpoint for this layout. Throws gdn::Error naming why
-// not (nothing is changed then).
-void map_image(PreparedWeights& w, WeightImage layout, const io::Checkpoint& ckpt, const std::string& path) {
+// that the file is a valid image of this checkpoint for these layouts (each tensor's encoding
+// included: an image of another lm_head format is refused, never read as this one). Throws
+// gdn::Error naming why not (nothing is changed then).
+void map_image(PreparedWeights& w, const ImageLayouts& layouts, const io::Checkpoint& ckpt, const std::string& path) {
+  const WeightImage layout = layouts.projections;
   auto file = std::make_unique<io::MappedFile>(path, /*huge_pages=*/true);
   const PackedImageHeader h = parse_packed_image_header(file->bytes(), path);
   if (h.layout != weight_image_name(layout))
@@ -183,12 +185,22 @@ void map_image(PreparedWeights& w, WeightImage layout, const io::Checkpoint& ckp
     if (t.rows != p->out() || t.cols != p->in())
       throw Error(Status::invalid_file, fmt::format("{}: the image's '{}' is [{}, {}]; the model's is [{}, {}]", path, name, t.rows,
                                                     t.cols, p->out(), p->in()));
+    const WeightImage want_layout = layout_of(w, p, layouts);
+    if (t.encoding != weight_image_name(want_layout))
+      throw Error(Status::invalid_file,
+                  fmt::format("{}: the image's '{}' is {}, and this load reads it as {}{}", path, name, t.encoding,
+                              weight_image_name(want_layout),
+                              p == &w.lm_head ? fmt::format(" (lm_head_quant {}); write the image for it with gdn pack {} "
+                                                            "--quant {} --lm-head-quant {}, or load with --lm-head-quant {}",
+                                                            weight_image_name(want_layout), ckpt.dir(), weight_image_name(layout),
+                                                            weight_image_name(want_layout), t.encoding)
+                                              : std::string()));
     images.push_back(reinterpret_cast<const std::uint16_t*>(file->bytes().data() + t.offset));
     bytes += t.bytes;
   }
   for (std::size_t i = 0; i < todo.size(); ++i) {
     todo[i]->image = images[i];
-    todo[i]->layout = layout;
+    todo[i]->layout = layout_of(w, todo[i], layouts);
   }
   w.image_bytes = bytes;
   w.image = std::move(file);
@@ -203,8 +215,9 @@ void notify(const Model& model, const std::string& line) {
 void place(PreparedWeights& w, const Model& model, const std::function<void(std::size_t, std::size_t)>& progress) {
   const ModelParams& mp = model.params();
   const io::Checkpoint& ckpt = detail::ModelInternals::checkpoint(model);
-  const WeightImage layout = load_layout(mp);
-  const std::size_t need = packed_bytes(w, layout);
+  const ImageLayouts layouts = load_layouts(mp);
+  const WeightImage layout = layouts.projections;
+  const std::size_t need = packed_bytes(w, layouts);
   w.placement = WeightPlacement::in_place;
   if (is_quantized(layout) && mp.weights == WeightPlacement::in_place)
     throw Error(Status::invalid_argument, fmt::format("{}: {} weights cannot be read in place (the checkpoint holds bf16): "
@@ -220,13 +233,14 @@ void place(PreparedWeights& w, const Model& model, const std::function<void(std:
                                   : std::string("the model has no bf16 projections")));
     return;
   }
-  const std::string path = mp.packed_image.empty() ? default_packed_image_path(model.dir(), mp.quant) : mp.packed_image;
+  const std::string path =
+      mp.packed_image.empty() ? default_packed_image_path(model.dir(), mp.quant, mp.lm_head_quant) : mp.packed_image;
   std::string refused;
   if (mp.weights == WeightPlacement::packed) {
     // Packing asked for: no image is looked for.
   } else if (std::filesystem::exists(path)) {
     try {
-      map_image(w, layout, ckpt, path);
+      map_image(w, layouts, ckpt, path);
       w.placement = WeightPlacement::image;
       if (progress) progress(need, need);
       return;
@@ -246,7 +260,7 @@ void place(PreparedWeights& w, const Model& model, const std::function<void(std:
   std::string why;  // why the weights are not packed
   if (static_cast<std::int64_t>(need) + margin <= mem.available) {
     try {
-      pack(w, layout, ckpt, progress);
+      pack(w, layouts, ckpt, progress);
       w.placement = WeightPlacement::packed;
       if (!refused.empty()) {
         w.notice = fmt::format("gdn: not using the packed image ({}); packed the weights at load instead", refused);
@@ -285,10 +299,10 @@ void place(PreparedWeights& w, const Model& model, const std::function<void(std:
 
 }  // namespace
 
-std::size_t packed_bytes(const PreparedWeights& w, WeightImage layout) {
+std::size_t packed_bytes(const PreparedWeights& w, const ImageLayouts& layouts) {
   std::size_t elements = 0;
   for (const Linear* p : w.projections())
-    if (p->w->dtype == DType::bf16) elements += weight_image_elements(layout, p->out(), p->in());
+    if (p->w->dtype == DType::bf16) elements += weight_image_elements(layout_of(w, p, layouts), p->out(), p->in());
   return elements * sizeof(std::uint16_t);
 }
 

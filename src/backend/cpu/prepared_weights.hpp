@@ -82,9 +82,20 @@ struct PreparedWeights {
   std::vector<const Linear*> projections() const;
 };
 
-// Bytes of the packed images of a model's bf16 projections in `layout` (what packing allocates and
+// The image layouts a load reads: the projections' and the lm_head's (they differ only under a
+// quant whose lm_head format is another, ModelParams::lm_head_quant).
+struct ImageLayouts {
+  WeightImage projections = WeightImage::none;
+  WeightImage lm_head = WeightImage::none;
+};
+
+// Bytes of the packed images of a model's bf16 projections in `layouts` (what packing allocates and
 // an image file holds).
-std::size_t packed_bytes(const PreparedWeights& w, WeightImage layout);
+std::size_t packed_bytes(const PreparedWeights& w, const ImageLayouts& layouts);
+// The layout of projection p (one of w.projections()).
+inline WeightImage layout_of(const PreparedWeights& w, const Linear* p, const ImageLayouts& layouts) noexcept {
+  return p == &w.lm_head ? layouts.lm_head : layouts.projections;
+}
 // The checkpoint name of each projection's weight (lm_head of a tied model: the embedding's), in
 // projections() order; empty for one the checkpoint does not name (a realigned copy).
 std::vector<std::string> projection_names(const PreparedWeights& w, const io::Checkpoint& ckpt);
@@ -95,6 +106,14 @@ inline WeightImage load_layout(const ModelParams& mp) noexcept {
   if (mp.quant == WeightQuant::q8_0) return WeightImage::q8_0;
   if (mp.quant == WeightQuant::q4_0) return WeightImage::q4_0;
   return weight_image_layout(linear_kernel());
+}
+// The same for the projections and the lm_head (lm_head_weight_quant); throws gdn::Error
+// (invalid_argument) for an lm_head format without a quant.
+inline ImageLayouts load_layouts(const ModelParams& mp) {
+  const WeightQuant lm = lm_head_weight_quant(mp.quant, mp.lm_head_quant);
+  return ImageLayouts{load_layout(mp), lm == WeightQuant::q8_0   ? WeightImage::q8_0
+                                       : lm == WeightQuant::q4_0 ? WeightImage::q4_0
+                                                                 : load_layout(mp)};
 }
 // The memory packing leaves free beyond the packed copy (for contexts and the rest of the
 // process): an eighth of the copy, at least 512 MiB.
