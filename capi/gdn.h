@@ -245,7 +245,6 @@ typedef struct gdn_model_params {
     const char *packed_image;      /* the image AUTOMATIC / IMAGE look for; NULL: MODEL_DIR/gdn-packed.<layout>.gdnimg */
     /* Added after 0.1.0. */
     gdn_weight_quant quant;        /* GDN_QUANT_NONE (default) */
-    /* Added after 0.1.0. */
     gdn_lm_head_quant lm_head_quant;  /* GDN_LM_HEAD_QUANT_AUTO (default) */
 } gdn_model_params;
 
@@ -330,7 +329,7 @@ typedef struct gdn_context_params {
     uint32_t size;                 /* sizeof(gdn_context_params) */
     int32_t max_sequences;         /* sequence slots (default 4) */
     int32_t max_context;           /* positions per sequence (default 4096) */
-    int32_t kv_page_size;          /* positions per KV page (default 16) */
+    int32_t kv_page_size;          /* positions per KV page (default 64) */
     int64_t kv_pages;              /* 0: enough for every slot to reach max_context */
     int32_t max_batch_tokens;      /* rows per pass through the layers; larger steps are split (256) */
     int32_t max_logits_rows;       /* 0: max(max_sequences, 64); a larger step grows the buffer (the old one is kept:

@@ -830,7 +830,8 @@ TEST_CASE("sizes, memory and packed images at load", "[bad][sizes][image]") {
     std::string text(reinterpret_cast<const char*>(edited.data()), std::min<std::size_t>(edited.size(), 1 << 20));
     const auto at = text.find("\"encoding\":\"q4_0\"");
     REQUIRE(at != std::string::npos);
-    std::memcpy(edited.data() + at, "\"encoding\":\"q3_k\"", 18);
+    constexpr std::string_view other = "\"encoding\":\"q3_k\"";  // the same length: offsets stay valid
+    std::memcpy(edited.data() + at, other.data(), other.size());
     const std::uint32_t n = static_cast<std::uint32_t>(edited[12]) | static_cast<std::uint32_t>(edited[13]) << 8 |
                             static_cast<std::uint32_t>(edited[14]) << 16 | static_cast<std::uint32_t>(edited[15]) << 24;
     const auto crc =

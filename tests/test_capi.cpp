@@ -509,9 +509,9 @@ TEST_CASE("parameter structs: defaults, sizes, newer and older callers", "[capi]
   gdn_context* ctx = nullptr;
 
   SECTION("the CUDA backend where there is no GPU: BACKEND_UNAVAILABLE with the reason") {
-    gdn_context_params p = small_c_params();
-    p.backend = GDN_BACKEND_CUDA;
-    CHECK(gdn_context_create(cm.m, &p, &ctx) == GDN_STATUS_BACKEND_UNAVAILABLE);
+    gdn_context_params cp = small_c_params();
+    cp.backend = GDN_BACKEND_CUDA;
+    CHECK(gdn_context_create(cm.m, &cp, &ctx) == GDN_STATUS_BACKEND_UNAVAILABLE);
     CHECK_THAT(last_error(), Catch::Contains("the CUDA backend is not available"));
     CHECK(ctx == nullptr);
     gdn_model_params mp = gdn_model_default_params();

@@ -258,7 +258,7 @@ TEST_CASE("gdn doctor passes on the trained tiny model, value-head pairing measu
 // not degenerate, at either format.
 TEST_CASE("gdn doctor passes on the quantised models (q8_0, q4_0)", "[doctor][quant]") {
   for (const WeightQuant q : {WeightQuant::q8_0, WeightQuant::q4_0}) {
-    for (const std::string dir : {test::fixture_model("qwen35_cond_mtp"), test::fixture_model("qwen3next_dense"), tiny_model()}) {
+    for (const std::string& dir : {test::fixture_model("qwen35_cond_mtp"), test::fixture_model("qwen3next_dense"), tiny_model()}) {
       if (dir == tiny_model() && !have_tiny()) continue;
       DoctorOptions o = quick();
       o.load.quant = q;

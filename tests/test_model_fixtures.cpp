@@ -231,7 +231,7 @@ TEST_CASE("chunked GDN equals the per-token recurrence across chunk boundaries",
 }
 
 TEST_CASE("a batch of sequences of different lengths equals each run alone, bit for bit", "[fixtures]") {
-  for (const auto [mi, kv] : {std::pair{MatmulInput::float32, DType::f32}, std::pair{MatmulInput::bf16, DType::f32},
+  for (const auto& [mi, kv] : {std::pair{MatmulInput::float32, DType::f32}, std::pair{MatmulInput::bf16, DType::f32},
                               std::pair{MatmulInput::float32, DType::bf16}}) {
   INFO((mi == MatmulInput::bf16 ? "bf16 matmul inputs" : "float32 matmul inputs") << ", KV " << dtype_name(kv));
   auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));

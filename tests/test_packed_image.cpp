@@ -60,7 +60,7 @@ TEST_CASE("the header round-trips and lays tensors out aligned", "[image]") {
   h.layout_version = packed_layout_version("panels");
   h.fingerprint = "abc";
   h.writer = "test";
-  h.tensors = {{"a", 33, 65, 0, packed_layout_elements("panels", 33, 65) * 2}, {"b", 1, 1, 0, packed_layout_elements("panels", 1, 1) * 2}};
+  h.tensors = {{"a", 33, 65, 0, packed_layout_elements("panels", 33, 65) * 2, ""}, {"b", 1, 1, 0, packed_layout_elements("panels", 1, 1) * 2, ""}};
   const std::string head = encode_packed_image_header(h);
   CHECK(head.size() == h.data_offset);
   CHECK(h.data_offset % PackedImageHeader::alignment == 0);
