@@ -277,6 +277,7 @@ TEST_CASE("prefix cache: longest prefix, token granularity, budget, LRU leaves, 
   ContextParams p;
   p.max_sequences = 2;
   p.max_context = 256;
+  p.kv_page_size = 16;  // the charges below count 16-position pages
   p.kv_pages = 64;
   p.threads = 1;
   p.gdn_chunk_min_tokens = 1 << 30;  // as gdn serve runs: split-invariant numbers

@@ -79,7 +79,7 @@ inline DType default_kv_dtype(Backend b) noexcept { return b == Backend::cuda ? 
 struct BackendParams {
   int slots = 0;                 // max_sequences
   std::int64_t kv_pages = 0;     // 0 when the model has no attention layer
-  int kv_page_size = 16;
+  int kv_page_size = 64;
   int max_context = 0;
   int max_pass_rows = 0;         // max_batch_tokens
   int max_output_rows = 0;       // outputs one pass can ask for (≤ max_pass_rows)

@@ -250,8 +250,8 @@ struct Options {
   std::string peer_script = "bench/peer.py";
   std::string peer_args;
   int rounds = 3;
-  int context_rounds = 0;
-  int kv_page_size = 16;  // --kv-page-size: positions per KV page in the context sections  // --context-rounds: decode at --contexts against the peer, per KV dtype, in rounds
+  int context_rounds = 0;  // --context-rounds: decode at --contexts against the peer, per KV dtype, in rounds
+  int kv_page_size = ContextParams{}.kv_page_size;  // --kv-page-size: positions per KV page in the context sections
   WeightPlacement weights = WeightPlacement::automatic;  // --weights / --in-place
   WeightQuant quant = WeightQuant::none;   // --quant: block-quantised projections (docs/quantization.md)
   LmHeadQuant lm_head_quant = LmHeadQuant::automatic;  // --lm-head-quant: the lm_head's format under --quant
@@ -576,7 +576,7 @@ int usage() {
       "                 alternating, each bracketed by a bandwidth measurement (default 3)\n"
       "  --float32-only measure only the default float32 matmul inputs (not also bf16 inputs)\n"
       "  --layers N     with --shape: only its first N layers (every 4th full attention), for long-context runs\n"
-      "  --kv-page-size N  positions per KV page in the context sections (default 16, as ContextParams)\n"
+      "  --kv-page-size N  positions per KV page in the context sections (default as ContextParams: 64)\n"
       "  --context-rounds N  with a peer: N rounds of decode at each --contexts length, ours per --kv-dtypes and\n"
       "                 llama.cpp's (f16 cache) in turn, each bracketed by a bandwidth measurement\n"
       "  --write-checkpoint DIR [--sparse]  write the --shape's checkpoint (sparse: no data, reads as zeros) and stop\n"

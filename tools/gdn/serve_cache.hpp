@@ -91,7 +91,7 @@ class PrefixCache {
   Context& ctx_;
   std::int64_t budget_ = 0, bytes_ = 0;
   std::int64_t page_bytes_ = 0, state_bytes_ = 0;
-  int page_size_ = 16;
+  int page_size_ = 0;
   std::unique_ptr<Node> root_;
   std::unordered_map<std::uint64_t, Node*> by_id_;
   std::uint64_t next_id_ = 1, clock_ = 0;

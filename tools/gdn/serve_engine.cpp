@@ -95,7 +95,6 @@ ContextParams serve_context_params(const std::shared_ptr<const Model>& model, co
   ContextParams p;
   p.max_sequences = config.max_sequences;
   p.max_context = config.max_context;
-  p.kv_page_size = 16;
   p.max_batch_tokens = config.step_tokens;
   p.max_logits_rows = config.step_tokens;
   p.threads = config.threads;

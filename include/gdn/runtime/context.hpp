@@ -22,7 +22,8 @@ namespace gdn {
 struct ContextParams {
   int max_sequences = 4;         // sequence slots
   int max_context = 4096;        // positions per sequence
-  int kv_page_size = 16;         // positions per KV page
+  int kv_page_size = 64;         // positions per KV page: long runs of a sequence's keys (values) in
+                                 // memory, which long-context decode streams (docs/performance.md)
   std::int64_t kv_pages = 0;     // 0: enough for every slot to reach max_context
   int max_batch_tokens = 256;    // rows per pass through the layers; larger steps are split
   int max_logits_rows = 0;       // 0: max(max_sequences, 64); grows (allocates) only when exceeded, keeping
