@@ -52,12 +52,14 @@ struct HeldoutResult {
   int tokenizer_mismatch = 0, parity_mismatch = 0, ours_correct = 0, hf_correct = 0, prompts = 0;
 };
 
-HeldoutResult run_heldout(MatmulInput matmul_input, WeightQuant quant = WeightQuant::none, DType kv_dtype = DType::f32) {
+HeldoutResult run_heldout(MatmulInput matmul_input, WeightQuant quant = WeightQuant::none, DType kv_dtype = DType::f32,
+                          LmHeadQuant lm_head = LmHeadQuant::automatic) {
   const auto rows = heldout();
   REQUIRE(rows.size() >= 200);
   const Tokenizer tok = Tokenizer::load(model_dir + "/tokenizer.json");
   ModelParams mp;
   mp.quant = quant;
+  mp.lm_head_quant = lm_head;
   auto model = Model::load(model_dir, mp);
   ContextParams p;
   p.max_sequences = 1;
@@ -125,11 +127,12 @@ struct MtpResult {
   int mismatch = 0;
 };
 
-MtpResult run_mtp(int k, WeightQuant quant = WeightQuant::none) {
+MtpResult run_mtp(int k, WeightQuant quant = WeightQuant::none, LmHeadQuant lm_head = LmHeadQuant::automatic) {
   const auto rows = heldout();
   const Tokenizer tok = Tokenizer::load(model_dir + "/tokenizer.json");
   ModelParams mp;
   mp.quant = quant;
+  mp.lm_head_quant = lm_head;
   auto model = Model::load(model_dir, mp);
   REQUIRE(model->has_mtp());
   ContextParams p;
@@ -177,21 +180,23 @@ TEST_CASE("trained model: greedy MTP speculative decoding changes no token; acce
 }
 
 // Block-quantised weights (docs/quantization.md) on the one trained checkpoint: held-out exact-match
-// accuracy at q8_0 and q4_0 within 1% of the float model's (at least 99% of it), and MTP acceptance
-// (k = 1) within 0.03 of float — the quantised MTP head still drafts what the quantised trunk takes.
+// accuracy at q8_0 and q4_0 (its default lm_head at q8_0, and every projection at 4 bits) within 1%
+// of the float model's (at least 99% of it), and MTP acceptance (k = 1) within 0.03 of float — the
+// quantised MTP head still drafts what the quantised trunk takes.
 TEST_CASE("trained model quantised (q8_0, q4_0): held-out accuracy and MTP acceptance against float", "[tiny][quant]") {
   // The float figures: transformers' recorded ones, which the float model equals (the parity and
   // MTP test cases above), so they are not run again here.
   std::ifstream in(model_dir + "/eval/mtp_acceptance.json");
   const MtpResult mf{nlohmann::json::parse(in)["results"]["1"]["acceptance_rate"].get<double>(), 0.0, 0};
-  for (const WeightQuant q : {WeightQuant::q8_0, WeightQuant::q4_0}) {
-    const HeldoutResult r = run_heldout(MatmulInput::float32, q);
+  for (const auto& [q, lm_head] : {std::pair{WeightQuant::q8_0, LmHeadQuant::automatic}, std::pair{WeightQuant::q4_0, LmHeadQuant::automatic},
+                                   std::pair{WeightQuant::q4_0, LmHeadQuant::q4_0}}) {
+    const HeldoutResult r = run_heldout(MatmulInput::float32, q, DType::f32, lm_head);
     const double acc = static_cast<double>(r.ours_correct) / r.prompts, acc_f = static_cast<double>(r.hf_correct) / r.prompts;
-    const MtpResult m = run_mtp(1, q);
-    WARN(fmt::format("gdn-tiny {}: held-out exact-match {:.1f}% (float {:.1f}%), {} of {} generations differ from float; "
-                     "MTP k=1 acceptance {:.3f} (float {:.3f}), {:.2f} tokens per main step",
-                     weight_quant_name(q), 100 * acc, 100 * acc_f, r.parity_mismatch, r.prompts, m.acceptance,
-                     mf.acceptance, m.tokens_per_step));
+    const MtpResult m = run_mtp(1, q, lm_head);
+    WARN(fmt::format("gdn-tiny {} (lm_head {}): held-out exact-match {:.1f}% (float {:.1f}%), {} of {} generations differ "
+                     "from float; MTP k=1 acceptance {:.3f} (float {:.3f}), {:.2f} tokens per main step",
+                     weight_quant_name(q), weight_quant_name(lm_head_weight_quant(q, lm_head)), 100 * acc, 100 * acc_f,
+                     r.parity_mismatch, r.prompts, m.acceptance, mf.acceptance, m.tokens_per_step));
     CHECK(acc >= 0.99 * acc_f);
     CHECK(m.acceptance >= mf.acceptance - 0.03);
     // Greedy speculation on the quantised model changes no token of the quantised model's own
