@@ -996,8 +996,6 @@ constexpr std::uint32_t speculative_params_v1 = GDN_END_OF(gdn_speculative_param
 constexpr std::uint32_t speculative_stats_v1 = GDN_END_OF(gdn_speculative_stats, draft_rounds);
 #undef GDN_END_OF
 
-constexpr std::uint32_t known_tokenizer_flags = GDN_TOKENIZE_SPECIAL_AS_TEXT | GDN_DECODE_SKIP_SPECIAL;
-
 void check_flags(std::uint32_t flags, std::uint32_t allowed) {
   if ((flags & ~allowed) != 0)
     invalid("flags " + std::to_string(flags) + " has bits this libgdn " GDN_VERSION_STRING " does not know or this call does not take");

@@ -31,7 +31,7 @@ void write_seed(const std::string& path, const std::string& layout, const std::v
   h.fingerprint = "0123abcd-4567ef01-2000";
   h.writer = "fuzz seed";
   for (const auto& [name, shape] : ts)
-    h.tensors.push_back({name, shape.first, shape.second, 0, gdn::packed_layout_elements(layout, shape.first, shape.second) * 2});
+    h.tensors.push_back({name, shape.first, shape.second, 0, gdn::packed_layout_elements(layout, shape.first, shape.second) * 2, ""});
   std::string file = gdn::encode_packed_image_header(h);
   file.resize(h.file_bytes, '\x01');
   std::ofstream(path, std::ios::binary) << file;

@@ -26,7 +26,9 @@
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsics as uninitialised
 // (a known false positive); nothing in this file reads an uninitialised value.
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // GCC only: clang has no such warning
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace gdn::cpu {

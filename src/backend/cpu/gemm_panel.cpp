@@ -39,7 +39,9 @@
 #if GDN_X86
 #include <immintrin.h>
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // GCC only: clang has no such warning
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace gdn::cpu::detail {

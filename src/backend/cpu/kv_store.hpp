@@ -64,7 +64,7 @@ class KvStore {
     return reinterpret_cast<T*>(page_base(page)) + ((static_cast<std::int64_t>(layer) * 2 + kv) * kv_heads_ + kv_head) * per_head;
   }
 
-  int page_size_ = 0, layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  int page_size_ = 0, kv_heads_ = 0, head_dim_ = 0;
   DType dtype_ = DType::f32;
   std::int64_t pages_ = 0, page_elements_ = 0;
   // Heap memory (a memory plan counts it as such) whose 2 MiB-aligned interior is advised into

@@ -37,7 +37,7 @@ void advise_huge_pages(std::byte* p, std::size_t n) {
 }  // namespace
 
 KvStore::KvStore(std::int64_t pages, int page_size, int layers, int kv_heads, int head_dim, DType dtype)
-    : page_size_(page_size), layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), dtype_(dtype), pages_(pages) {
+    : page_size_(page_size), kv_heads_(kv_heads), head_dim_(head_dim), dtype_(dtype), pages_(pages) {
   if (dtype != DType::f32 && dtype != DType::bf16)
     throw Error(Status::invalid_argument, fmt::format("the CPU KV cache holds F32 or BF16, not {}", dtype_name(dtype)));
   page_elements_ = static_cast<std::int64_t>(layers) * 2 * kv_heads * page_size * head_dim;
