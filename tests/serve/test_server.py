@@ -13,7 +13,6 @@ Environment: GDN_CLI (the gdn tool), GDN_TINY (models/gdn-tiny), PYTHONPATH with
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -28,64 +27,7 @@ import gdn
 
 openai = pytest.importorskip("openai")
 
-CLI = os.environ["GDN_CLI"]
-TINY = os.environ["GDN_TINY"]
-THREADS = 2
-MAX_CONTEXT = 4096
-STEP = 256
-EXTRA_NOTHINK = {"chat_template_kwargs": {"enable_thinking": False}}
-
-
-# --- the server ------------------------------------------------------------------------------------
-
-class Server:
-    def __init__(self, *args):
-        self.proc = subprocess.Popen(
-            [CLI, "serve", TINY, "--port", "0", "--threads", str(THREADS), "--max-context", str(MAX_CONTEXT),
-             "--step-tokens", str(STEP), "--shutdown-timeout", "5", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        assert m, f"no port in {line!r}: {self.proc.stderr.read() if self.proc.poll() is not None else ''}"
-        self.port = int(m.group(1))
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            status, _ = get(self.url + "/health")
-            if status == 200:
-                break
-            assert status == 503  # loading
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the server never became ready")
-
-    def client(self, key="unused"):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
-
-    def metrics(self):
-        _, text = get(self.url + "/metrics")
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=30)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-        return rc
-
-
-def get(url, headers=None):
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+from serve_harness import CLI, MAX_CONTEXT, NOTHINK, STEP, THREADS, TINY, Server, get  # noqa: E402
 
 
 def post(url, body, headers=None, raw=False):
@@ -213,7 +155,7 @@ def test_openai_client_completions_and_chat(server, offline):
     for i in range(6):
         messages = [{"role": "system", "content": "You are tiny."}, {"role": "user", "content": PROMPTS[i]}]
         api, ref = sampling_for(i)
-        api, body = merged_extra(api, EXTRA_NOTHINK)
+        api, body = merged_extra(api, NOTHINK)
         want = offline.generate(offline.chat_prompt(messages), 24, chat=True, **ref)
         r = client.chat.completions.create(model="gdn-tiny", messages=messages, max_tokens=24, extra_body=body, **api)
         assert (r.choices[0].message.content, r.choices[0].finish_reason) == want[:2], i
@@ -278,7 +220,7 @@ def test_32_concurrent_clients_equal_offline(server, offline):
             api, _ = sampling_for(i)
             try:
                 if chat:
-                    api, body = merged_extra(api, EXTRA_NOTHINK)
+                    api, body = merged_extra(api, NOTHINK)
                     kw = dict(model="gdn-tiny", messages=[{"role": "user", "content": PROMPTS[i]}], max_tokens=20,
                               extra_body=body, **api)
                     if stream:
@@ -502,14 +444,14 @@ def test_tools_are_rendered_and_answers_match_offline(server, offline):
     ids = offline.chat_prompt(messages, tools=tools)
     want = offline.generate(ids, 16, chat=True, temperature=0.0)
     r = server.client().chat.completions.create(model="gdn-tiny", messages=messages, tools=tools, max_tokens=16,
-                                                temperature=0, extra_body=EXTRA_NOTHINK)
+                                                temperature=0, extra_body=NOTHINK)
     assert r.usage.prompt_tokens == len(ids)
     # The tiny model does not call tools; what it says is content (text that only looks like a call would be too).
     assert r.choices[0].message.content == want[0]
     assert r.choices[0].finish_reason == want[1]
     # tool_choice "none": the tools are not offered.
     r = server.client().chat.completions.create(model="gdn-tiny", messages=messages, tools=tools, tool_choice="none",
-                                                max_tokens=4, temperature=0, extra_body=EXTRA_NOTHINK)
+                                                max_tokens=4, temperature=0, extra_body=NOTHINK)
     assert r.usage.prompt_tokens == len(offline.chat_prompt(messages))
 
 

@@ -15,11 +15,7 @@ Environment: GDN_CLI (the gdn tool), GDN_TINY (models/gdn-tiny), PYTHONPATH with
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -29,12 +25,7 @@ openai = pytest.importorskip("openai")
 sys.path.insert(0, os.path.dirname(__file__))
 import make_tool_model  # noqa: E402
 
-CLI = os.environ["GDN_CLI"]
-TINY = os.environ["GDN_TINY"]
-THREADS = 2
-MAX_CONTEXT = 4096
-STEP = 256
-NOTHINK = {"chat_template_kwargs": {"enable_thinking": False}}
+from serve_harness import MAX_CONTEXT, NOTHINK, STEP, THREADS, TINY, Server  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather forecast for a city",
@@ -54,28 +45,9 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model):
     # --mtp-fixed: every round drafts 2, so the MTP head's drafts are verified on every step of every answer.
-    proc = subprocess.Popen([CLI, "serve", model[0], "--port", "0", "--threads", str(THREADS), "--max-context",
-                             str(MAX_CONTEXT), "--step-tokens", str(STEP), "--mtp", "2", "--mtp-fixed",
-                             "--cache-bytes", "64M", "--shutdown-timeout", "5", "--served-model-name", "gdn-tool"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", proc.stdout.readline())
-    assert m, proc.stderr.read() if proc.poll() is not None else "no port"
-    url = f"http://127.0.0.1:{m.group(1)}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except urllib.error.HTTPError as e:
-            assert e.code == 503  # loading
-        assert time.time() < deadline, "the server never became ready"
-        time.sleep(0.05)
-    yield url
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
-    proc.stdout.close()
-    proc.stderr.close()
+    s = Server("--mtp", "2", "--mtp-fixed", "--cache-bytes", "64M", "--served-model-name", "gdn-tool", model=model[0])
+    yield s
+    assert s.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -87,24 +59,12 @@ def offline(model):
     return tok, gdn.Generator(ctx, tok)
 
 
-def client(url):
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
 def offline_chat(offline, messages, **sampling):
     tok, gen = offline
     ids = tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, enable_thinking=False, tokenize=True)
     r = gen.generate(list(ids), gdn.GenerationParams(sampling=gdn.SamplingParams(**sampling), max_tokens=32,
                                                      stop_tokens=[tok.token_to_id("<|im_end|>")]))
     return ids, r
-
-
-def metric(url, name):
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-    raise KeyError(name)
 
 
 def check_call(call):
@@ -127,8 +87,9 @@ def test_the_fixture_writes_the_call_offline(model, offline):
 
 def test_tool_call_not_streamed(server, offline):
     ids, want = offline_chat(offline, QUESTION, temperature=0.0)
-    drafted0, accepted0 = metric(server, "gdn_mtp_draft_tokens_total"), metric(server, "gdn_mtp_accepted_tokens_total")
-    r = client(server).chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0,
+    before = server.metrics()
+    drafted0, accepted0 = before["gdn_mtp_draft_tokens_total"], before["gdn_mtp_accepted_tokens_total"]
+    r = server.client().chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0,
                                                extra_body=NOTHINK)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -138,15 +99,16 @@ def test_tool_call_not_streamed(server, offline):
     assert r.usage.prompt_tokens == len(ids)
     assert r.usage.completion_tokens == len(want.tokens) == 5
     # The MTP head predicts the chain: every draft of the answer was accepted.
-    drafted = metric(server, "gdn_mtp_draft_tokens_total") - drafted0
-    accepted = metric(server, "gdn_mtp_accepted_tokens_total") - accepted0
+    after = server.metrics()
+    drafted = after["gdn_mtp_draft_tokens_total"] - drafted0
+    accepted = after["gdn_mtp_accepted_tokens_total"] - accepted0
     assert drafted > 0 and accepted == drafted
 
 
 def test_tool_call_streamed_reassembles_to_the_same_call(server):
-    whole = client(server).chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0,
+    whole = server.client().chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0,
                                                    extra_body=NOTHINK).choices[0].message.tool_calls[0]
-    stream = client(server).chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0,
+    stream = server.client().chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0,
                                                     extra_body=NOTHINK, stream=True,
                                                     stream_options={"include_usage": True})
     calls, content, finishes, usage = {}, "", [], None
@@ -178,14 +140,14 @@ def test_tool_call_streamed_reassembles_to_the_same_call(server):
 def test_seeded_sampling_writes_the_same_call(server, offline):
     _, want = offline_chat(offline, QUESTION, temperature=0.8, top_p=0.95, seed=11)
     assert want.text == make_tool_model.CALL_TEXT  # the chain's logits leave no room for another token
-    r = client(server).chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0.8,
+    r = server.client().chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0.8,
                                                top_p=0.95, seed=11, extra_body=NOTHINK)
     assert r.choices[0].finish_reason == "tool_calls"
     check_call(r.choices[0].message.tool_calls[0])
 
 
 def test_second_turn_with_the_tool_result(server, offline):
-    c = client(server)
+    c = server.client()
     first = c.chat.completions.create(model="gdn-tool", messages=QUESTION, tools=TOOLS, temperature=0,
                                       extra_body=NOTHINK)
     ids1, _ = offline_chat(offline, QUESTION, temperature=0.0)
