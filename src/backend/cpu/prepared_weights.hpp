@@ -100,20 +100,19 @@ inline WeightImage layout_of(const PreparedWeights& w, const Linear* p, const Im
 // projections() order; empty for one the checkpoint does not name (a realigned copy).
 std::vector<std::string> projection_names(const PreparedWeights& w, const io::Checkpoint& ckpt);
 const char* weight_image_name(WeightImage layout) noexcept;  // "panels", "amx_tiles", "q8_0", "q4_0", "none"
-// The image layout a load with these params reads: the quantisation's (every kernel reads it), else
-// this process's projection kernel's (none: it reads the weights in place).
-inline WeightImage load_layout(const ModelParams& mp) noexcept {
-  if (mp.quant == WeightQuant::q8_0) return WeightImage::q8_0;
-  if (mp.quant == WeightQuant::q4_0) return WeightImage::q4_0;
+// The image layout of projections in `quant`: the quantisation's (every kernel reads it), else this
+// process's projection kernel's (none: it reads the weights in place).
+inline WeightImage load_layout(WeightQuant quant) noexcept {
+  if (quant == WeightQuant::q8_0) return WeightImage::q8_0;
+  if (quant == WeightQuant::q4_0) return WeightImage::q4_0;
   return weight_image_layout(linear_kernel());
 }
+// The image layout a load with these params reads for its projections.
+inline WeightImage load_layout(const ModelParams& mp) noexcept { return load_layout(mp.quant); }
 // The same for the projections and the lm_head (lm_head_weight_quant); throws gdn::Error
 // (invalid_argument) for an lm_head format without a quant.
 inline ImageLayouts load_layouts(const ModelParams& mp) {
-  const WeightQuant lm = lm_head_weight_quant(mp.quant, mp.lm_head_quant);
-  return ImageLayouts{load_layout(mp), lm == WeightQuant::q8_0   ? WeightImage::q8_0
-                                       : lm == WeightQuant::q4_0 ? WeightImage::q4_0
-                                                                 : load_layout(mp)};
+  return ImageLayouts{load_layout(mp.quant), load_layout(lm_head_weight_quant(mp.quant, mp.lm_head_quant))};
 }
 // The memory packing leaves free beyond the packed copy (for contexts and the rest of the
 // process): an eighth of the copy, at least 512 MiB.
