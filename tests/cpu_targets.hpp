@@ -10,7 +10,7 @@ namespace gdn::test {
 
 inline std::vector<cpu::Target> supported_targets() {
   std::vector<cpu::Target> out;
-  for (const cpu::Target t : {cpu::Target::scalar, cpu::Target::avx2, cpu::Target::avx512})
+  for (const cpu::Target t : {cpu::Target::scalar, cpu::Target::avx2, cpu::Target::avx512, cpu::Target::avx512bf16})
     if (cpu::target_supported(t)) out.push_back(t);
   return out;
 }

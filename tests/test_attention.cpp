@@ -7,6 +7,11 @@
 // head (the 27B's 6 runs as 4 + 2); lengths on both sides of the 64-position blocks, pages in a
 // shuffled order. And the property prefill, decode and MTP verification rest on: a row computed
 // alone equals the same row computed inside a multi-row segment, bit for bit.
+//
+// The avx512bf16 target's bf16-cache path (vdpbf16ps) rounds the queries and the softmax weights
+// to bf16 too: its reference takes the rounded queries, and each output may differ from it by the
+// weights' rounding, at most 2^-8 of Σ p_j·|v_j| / Σ p_j (round to nearest even, 8 significant
+// bits), on top of the float32 tolerance.
 
 #include <catch2/catch.hpp>
 
@@ -114,13 +119,17 @@ TEST_CASE("attention matches the double-precision equations; a row alone equals 
         for (auto& x : gate) x = nd(rng);
         const std::int64_t pos = sh.len - sh.n;
         const std::vector<float> core = run(K, c, pos, sh.n, Hq, hd, q, gate);
+        const bool bf16_dot = target == Target::avx512bf16 && dtype == DType::bf16 && hd % 32 == 0;
+        std::vector<float> q_ref = q;
+        if (bf16_dot)
+          for (auto& x : q_ref) x = gdn::to_float(gdn::to_bf16(x));
 
-        double worst = 0.0;
+        double worst = 0.0, worst_excess = -1.0;
         const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
         for (int t = 0; t < sh.n; ++t)
           for (int h = 0; h < Hq; ++h) {
             const int g = h / sh.group, len = static_cast<int>(pos) + t + 1;
-            const float* qv = q.data() + (static_cast<std::size_t>(t) * Hq + h) * hd;
+            const float* qv = q_ref.data() + (static_cast<std::size_t>(t) * Hq + h) * hd;
             std::vector<double> s(static_cast<std::size_t>(len));
             double m = -INFINITY;
             for (int j = 0; j < len; ++j) {
@@ -133,15 +142,23 @@ TEST_CASE("attention matches the double-precision equations; a row alone equals 
             double z = 0.0;
             for (auto& x : s) z += (x = std::exp(x - m));
             for (int i = 0; i < hd; ++i) {
-              double o = 0.0;
-              for (int j = 0; j < len; ++j) o += s[static_cast<std::size_t>(j)] * c.values[(static_cast<std::size_t>(g) * sh.len + j) * hd + i];
+              double o = 0.0, o_abs = 0.0;
+              for (int j = 0; j < len; ++j) {
+                const double v = c.values[(static_cast<std::size_t>(g) * sh.len + j) * hd + i];
+                o += s[static_cast<std::size_t>(j)] * v;
+                o_abs += s[static_cast<std::size_t>(j)] * std::abs(v);
+              }
               const double gt = gate[static_cast<std::size_t>(t) * 2 * Hq * hd + 2 * h * hd + hd + i];
-              const double ref = o / z / (1.0 + std::exp(-gt));
-              worst = std::max(worst, std::abs(ref - core[(static_cast<std::size_t>(t) * Hq + h) * hd + i]));
+              const double sig = 1.0 / (1.0 + std::exp(-gt)), ref = o / z * sig;
+              const double diff = std::abs(ref - core[(static_cast<std::size_t>(t) * Hq + h) * hd + i]);
+              // Float32 sums of up to 300 products of unit-scale terms: a few ulp of the result's scale.
+              const double allowed = 2e-5 + (bf16_dot ? std::ldexp(o_abs / z * sig, -8) : 0.0);
+              worst = std::max(worst, diff);
+              worst_excess = std::max(worst_excess, diff - allowed);
             }
           }
-        // Float32 sums of up to 300 products of unit-scale terms: a few ulp of the result's scale.
-        CHECK(worst < 2e-5);
+        INFO("worst difference " << worst);
+        CHECK(worst_excess < 0.0);
 
         // Each row alone (a decode step, or one row of an MTP verification) == inside the segment.
         for (const int t : {0, sh.n / 2, sh.n - 1}) {

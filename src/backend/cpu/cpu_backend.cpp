@@ -20,7 +20,7 @@ namespace cpu {
 Target current_target() noexcept {
   switch (linear_kernel()) {
     case LinearKernel::amx:
-    case LinearKernel::avx512bf16:
+    case LinearKernel::avx512bf16: return Target::avx512bf16;
     case LinearKernel::avx512: return Target::avx512;
     case LinearKernel::avx2: return Target::avx2;
     default: return Target::scalar;
@@ -31,6 +31,7 @@ bool target_supported(Target t) noexcept { return t <= current_target(); }
 
 const TargetKernels& target_kernels(Target t) noexcept {
   switch (t) {
+    case Target::avx512bf16: return avx512bf16_kernels;
     case Target::avx512: return avx512_kernels;
     case Target::avx2: return avx2_kernels;
     default: return scalar_kernels;

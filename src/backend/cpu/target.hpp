@@ -14,7 +14,9 @@ namespace gdn::cpu {
 
 struct CpuState;
 
-enum class Target { scalar, avx2, avx512 };
+// avx512bf16: the avx512 numerics, with the bf16 KV cache's attention on vdpbf16ps (its queries
+// and softmax weights rounded to bf16 as well; kernels/attention.hpp).
+enum class Target { scalar, avx2, avx512, avx512bf16 };
 
 // What one target compiled: the backend's entry points, and its kernels for tests (which run the
 // very code the engine runs, on every target the CPU supports).
@@ -37,7 +39,7 @@ struct TargetKernels {
                     float* stats);
 };
 
-// The target this process runs (from linear_kernel(): amx, avx512bf16 and avx512 run avx512).
+// The target this process runs (from linear_kernel(): amx and avx512bf16 run avx512bf16).
 Target current_target() noexcept;
 // Whether this CPU can run t.
 bool target_supported(Target t) noexcept;
@@ -46,5 +48,6 @@ const TargetKernels& target_kernels(Target t) noexcept;
 extern const TargetKernels scalar_kernels;
 extern const TargetKernels avx2_kernels;
 extern const TargetKernels avx512_kernels;
+extern const TargetKernels avx512bf16_kernels;
 
 }  // namespace gdn::cpu

@@ -6,6 +6,11 @@
 // (running max) form over blocks of 64 positions at fixed absolute boundaries, so a row's result
 // is the same sequence of operations whatever the segment length or batch: a prefill row, a decode
 // row and a verification row agree bit for bit.
+//
+// A bf16 cache on the avx512bf16 target takes its dot products on vdpbf16ps: the queries and the
+// softmax weights are rounded to bf16 as well (as llama.cpp rounds its queries to the f16 of its
+// cache), which halves the instructions per cached byte; the arithmetic, not the stream, bounded
+// decode at long context. Sums stay float32.
 
 #if !defined(GDN_CPU_TARGET_REGION)
 #error "a fragment of a CPU target region: include it from forward_impl.hpp"
@@ -185,6 +190,122 @@ inline void attention_values(float* const* o, const float* const* p, const T* co
 }
 #endif
 
+#if GDN_CPU_AVX512BF16
+// The bf16 dot-product path (vdpbf16ps: per float lane, acc += a[2i]·b[2i] + a[2i+1]·b[2i+1], the
+// products exact). Queries become bf16 in place, once per task: a vector's hd bf16 occupy the
+// bytes of its first hd/2 floats (chunk i's 64 bytes land on floats i/2 .. i/2 + 15, which the
+// chunks up to i have already read). Only this task reads them.
+inline __m512bh as_bf16x32(__m512i x) { return (__m512bh)x; }
+inline __m512i as_si512(__m512bh x) { return (__m512i)x; }
+
+inline void queries_to_bf16(float* q, int hd) {
+  for (int i = 0; i < hd; i += 32) {
+    const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + i + 16), _mm512_loadu_ps(q + i));
+    _mm512_storeu_si512(reinterpret_cast<bf16*>(q) + i, as_si512(x));
+  }
+}
+
+// sc[e][j] = scale · q[e]·k_j as attention_scores above, 32 elements of a bf16 query and key per
+// instruction: four rows at a time, one accumulator chain per dot product, then one reduce16.
+template <int G>
+inline void attention_scores_bf16dot(const bf16* const* q, const bf16* const* k, int n, int hd, float scale, float* const* sc,
+                                     KvPrefetch<bf16> next) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int j = 0; j < n; j += 4) {
+    for (int r = j; r < std::min(j + 4, next.n); ++r) prefetch_row_bytes(next.k[r], 0, hd * 2);
+    const bf16* kr[4];
+    for (int r = 0; r < 4; ++r) kr[r] = k[std::min(j + r, n - 1)];
+    __m512 acc[16];
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < hd; i += 32) {
+      __m512i qx[G];
+      for (int e = 0; e < G; ++e) {
+        qx[e] = _mm512_loadu_si512(q[e] + i);
+        __asm__("" : "+v"(qx[e]));  // held in registers for the four rows, as above
+      }
+      for (int r = 0; r < 4; ++r) {
+        __m512i kx = _mm512_loadu_si512(kr[r] + i);
+        __asm__("" : "+v"(kx));
+        for (int e = 0; e < G; ++e)
+          acc[4 * e + r] = _mm512_dpbf16_ps(acc[4 * e + r], as_bf16x32(qx[e]), as_bf16x32(kx));
+      }
+    }
+    alignas(64) float s[16];
+    _mm512_store_ps(s, _mm512_mul_ps(reduce16(acc), vscale));
+    const int m = std::min(4, n - j);
+    for (int e = 0; e < G; ++e)
+      for (int r = 0; r < m; ++r) sc[e][j + r] = s[4 * r + e];
+  }
+}
+
+// The weights of n positions (n ≤ 64) as bf16 pairs: pairs[i] holds p[2i] (low half) and p[2i+1],
+// a zero weight after an odd n's last position.
+inline void weight_pairs_bf16(const float* p, int n, std::uint32_t* pairs) {
+  for (int j = 0; j < n; j += 32) {
+    const __mmask16 lo = static_cast<__mmask16>(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1u);
+    const __mmask16 hi = static_cast<__mmask16>(n - j >= 32 ? 0xFFFFu : n - j <= 16 ? 0u : (1u << (n - j - 16)) - 1u);
+    const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, p + j + 16), _mm512_maskz_loadu_ps(lo, p + j));
+    _mm512_storeu_si512(pairs + j / 2, as_si512(x));
+  }
+}
+
+// o[e] = corr[e]·o[e] + Σ_j p[e][j]·v_j for 16·U dims from c (U = 2 or 4), two positions per
+// instruction: the two value rows' chunks of 32 interleaved by unpacklo/unpackhi, each times the
+// broadcast weight pair. Unpacking works within 128-bit lanes, so the outputs are kept in "unpack
+// order" — per 32 dims, first the dims 8m..8m+3, then 8m+4..8m+7, m = 0..3 — until the task puts
+// them back (from_unpack_order). A position pair past an odd n pairs the last row with itself at
+// weight zero.
+template <int G, int U>
+inline void attention_values_slice_bf16dot(float* const* o, const std::uint32_t* const* w, const bf16* const* v, int n, int c,
+                                           const float* corr, KvPrefetch<bf16> next) {
+  __m512 acc[G][U];
+  for (int e = 0; e < G; ++e)
+    for (int u = 0; u < U; ++u) {
+      acc[e][u] = _mm512_loadu_ps(o[e] + c + 16 * u);
+      if (corr) acc[e][u] = _mm512_mul_ps(acc[e][u], _mm512_set1_ps(corr[e]));
+    }
+  const int pb0 = c * 2, pb1 = (c + 16 * U) * 2;
+  for (int j = 0; j < n; j += 2) {
+    for (int r = j; r < std::min(j + 2, next.n); ++r) prefetch_row_bytes(next.v[r], pb0, pb1);
+    const bf16* v0 = v[j] + c;
+    const bf16* v1 = v[std::min(j + 1, n - 1)] + c;
+    __m512i x[U];
+    for (int u = 0; u < U; u += 2) {
+      const __m512i a = _mm512_loadu_si512(v0 + 16 * u), b = _mm512_loadu_si512(v1 + 16 * u);
+      x[u] = _mm512_unpacklo_epi16(a, b);
+      x[u + 1] = _mm512_unpackhi_epi16(a, b);
+    }
+    for (int e = 0; e < G; ++e) {
+      const __m512i wp = _mm512_set1_epi32(static_cast<int>(w[e][j / 2]));
+      for (int u = 0; u < U; ++u)
+        acc[e][u] = _mm512_dpbf16_ps(acc[e][u], as_bf16x32(wp), as_bf16x32(x[u]));
+    }
+  }
+  for (int j = n + (n & 1); j < next.n; ++j) prefetch_row_bytes(next.v[j], pb0, pb1);
+  for (int e = 0; e < G; ++e)
+    for (int u = 0; u < U; ++u) _mm512_storeu_ps(o[e] + c + 16 * u, acc[e][u]);
+}
+
+template <int G>
+inline void attention_values_bf16dot(float* const* o, const std::uint32_t* const* w, const bf16* const* v, int n, int hd,
+                                     const float* corr, KvPrefetch<bf16> next) {
+  int c = 0;
+  for (; c + 64 <= hd; c += 64) attention_values_slice_bf16dot<G, 4>(o, w, v, n, c, corr, next);
+  if (c < hd) attention_values_slice_bf16dot<G, 2>(o, w, v, n, c, corr, next);
+}
+
+inline void from_unpack_order(float* x, int n) {
+  for (int c = 0; c + 32 <= n; c += 32) {
+    float t[32];
+    for (int k = 0; k < 16; ++k) {
+      t[8 * (k / 4) + k % 4] = x[c + k];
+      t[8 * (k / 4) + 4 + k % 4] = x[c + 16 + k];
+    }
+    std::copy_n(t, 32, x + c);
+  }
+}
+#endif
+
 // The generic path of both (any head_dim; other targets): the same quantities, per query vector.
 template <int G, typename T>
 inline void attention_scores_generic(const float* const* q, const T* const* k, int n, int hd, float scale, float* const* sc,
@@ -223,19 +344,35 @@ inline float block_max(const float* x, int n) {
 #endif
 }
 
+// Which kernels a task runs: the generic ones (any head_dim; targets without AVX-512), the AVX-512
+// ones (head_dim a multiple of 32; queries and outputs in pair order for a bf16 cache), or the bf16
+// dot-product ones (a bf16 cache on the avx512bf16 target; queries in bf16, outputs in unpack order).
+enum class KvPath { generic, vector, bf16dot };
+
+template <typename T>
+inline KvPath kv_path(int hd) {
+  if (!GDN_CPU_AVX512 || hd % 32 != 0) return KvPath::generic;
+  return GDN_CPU_AVX512BF16 && std::is_same_v<T, bf16> ? KvPath::bf16dot : KvPath::vector;
+}
+
 // The query heads of one row against one block of positions, G at a time (G ≤ 4 a constant),
 // prefetching `next` as the keys are read: scores, the online softmax's running max and sum, then
-// the values weighted by the scores' exponentials. `vector_path`: the AVX-512 kernels above
-// (head_dim a multiple of 32; queries and outputs in pair order for a bf16 cache).
+// the values weighted by the scores' exponentials.
 template <int G, typename T>
 inline void attention_heads(const float* const* qv, float* const* o, float* const* sc, const T* const* kp, const T* const* vp,
-                            int n, int hd, float scale, float* mx, float* sum, KvPrefetch<T> next, bool vector_path) {
-#if GDN_CPU_AVX512
-  if (vector_path) attention_scores<G>(qv, kp, n, hd, scale, sc, next);
-  else attention_scores_generic<G>(qv, kp, n, hd, scale, sc, next);
-#else
-  attention_scores_generic<G>(qv, kp, n, hd, scale, sc, next);
+                            int n, int hd, float scale, float* mx, float* sum, KvPrefetch<T> next, KvPath path) {
+#if GDN_CPU_AVX512BF16
+  if constexpr (std::is_same_v<T, bf16>)
+    if (path == KvPath::bf16dot) {
+      const bf16* qb[4];
+      for (int e = 0; e < G; ++e) qb[e] = reinterpret_cast<const bf16*>(qv[e]);
+      attention_scores_bf16dot<G>(qb, kp, n, hd, scale, sc, next);
+    }
 #endif
+#if GDN_CPU_AVX512
+  if (path == KvPath::vector) attention_scores<G>(qv, kp, n, hd, scale, sc, next);
+#endif
+  if (path == KvPath::generic) attention_scores_generic<G>(qv, kp, n, hd, scale, sc, next);
   for (int j = n; j < next.n; ++j) prefetch_row_bytes(next.k[j], 0, hd * static_cast<int>(sizeof(T)));
   float corr[4];
   bool rescale = false;
@@ -253,8 +390,21 @@ inline void attention_heads(const float* const* qv, float* const* o, float* cons
     mx[e] = m_new;
   }
   const float* const* p = sc;
+#if GDN_CPU_AVX512BF16
+  if constexpr (std::is_same_v<T, bf16>)
+    if (path == KvPath::bf16dot) {
+      alignas(64) std::uint32_t pairs[4][32];  // 64 positions at most
+      const std::uint32_t* w[4];
+      for (int e = 0; e < G; ++e) {
+        weight_pairs_bf16(p[e], n, pairs[e]);
+        w[e] = pairs[e];
+      }
+      attention_values_bf16dot<G>(o, w, vp, n, hd, rescale ? corr : nullptr, next);
+      return;
+    }
+#endif
 #if GDN_CPU_AVX512
-  if (vector_path) {
+  if (path == KvPath::vector) {
     attention_values<G>(o, p, vp, n, hd, rescale ? corr : nullptr, next);
     return;
   }
@@ -279,19 +429,19 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
   float* mx = stats;
   float* sum = stats + nq;
   float scb[4 * pos_block];  // scores of up to 4 heads over one block
-#if GDN_CPU_AVX512
-  const bool vector_path = hd % 32 == 0;
-#else
-  const bool vector_path = false;
-#endif
-  const bool pair_order = vector_path && kv_pair_order<T>;
+  const KvPath path = kv_path<T>(hd);
+  const bool pair_order = path == KvPath::vector && kv_pair_order<T>;
   for (int q = 0; q < nq; ++q) {
     mx[q] = -INFINITY;
     sum[q] = 0.0f;
     const std::int64_t row = s.row + r0 + q / group;
     const std::int64_t at = row * Hq * hd + (g * group + q % group) * hd;
     std::fill(b.core + at, b.core + at + hd, 0.0f);
-    if (pair_order) to_pair_order(b.q + at, hd);  // this task's own query vectors: no other task reads them
+    // This task's own query vectors: no other task reads them.
+    if (pair_order) to_pair_order(b.q + at, hd);
+#if GDN_CPU_AVX512BF16
+    if (path == KvPath::bf16dot) queries_to_bf16(b.q + at, hd);
+#endif
   }
   const std::int64_t max_len = s.pos + r1;
   const auto block_rows = [&](std::int64_t j0, const T** kr, const T** vr) {
@@ -330,10 +480,10 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
         const KvPrefetch<T> next{kv_rows[blk % 2][0], kv_rows[blk % 2][1], prefetched ? 0 : nb_next};
         prefetched = true;
         switch (G) {
-          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, vector_path); break;
-          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, vector_path); break;
-          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, vector_path); break;
-          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, vector_path); break;
+          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, path); break;
+          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, path); break;
+          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, path); break;
+          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, path); break;
         }
       }
     }
@@ -343,6 +493,9 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
     const int h = g * group + q % group;
     float* o = b.core + row * Hq * hd + h * hd;
     if (pair_order) from_pair_order(o, hd);
+#if GDN_CPU_AVX512BF16
+    if (path == KvPath::bf16dot) from_unpack_order(o, hd);
+#endif
     vec::scale(o, 1.0f / sum[q], hd);
     vec::mul_sigmoid(o, b.gate + row * b.ld_gate + 2LL * h * hd + hd, hd);
   }
