@@ -16,7 +16,8 @@
 // the bf16 weights instead and uses FMA, which does more multiply-adds per cycle than three
 // vdpbf16ps would (src/cpu_gemm_panel.cpp). Weights that are not bf16 take the avx512 / avx2 /
 // scalar float path. GDN_CPU_KERNEL=amx|avx512bf16|avx512|avx2|scalar picks a lower kernel (for
-// tests and comparisons).
+// tests and comparisons). The CPU target of the other kernels follows this choice (target.hpp):
+// amx and avx512bf16 also give a bf16 KV cache's attention its vdpbf16ps path.
 //
 // With MatmulInput::bf16 every kernel computes the exact product of the activations rounded to
 // bf16: the avx512bf16 kernel on vdpbf16ps, every other one by rounding a copy of the activations
