@@ -80,19 +80,32 @@ Cache make_cache(DType dtype, int len, int hd, unsigned seed) {
 }
 
 // Rows [0, n) of a segment starting at position pos, every kv head, in tasks of up to 16 rows as
-// the engine splits them. q is copied: a task may reorder its own query vectors.
+// the engine splits them — or, `split`, one task per chunk of positions and kv head, then
+// attention_merge per row and head, as the engine spreads a decode over more threads than kv heads.
 std::vector<float> run(const gdn::cpu::TargetKernels& K, const Cache& c, std::int64_t pos, std::int64_t n, int Hq, int hd,
-                       const std::vector<float>& q, const std::vector<float>& gate, std::int64_t row0 = 0) {
+                       const std::vector<float>& q, const std::vector<float>& gate, std::int64_t row0 = 0, bool split = false) {
   const int group = Hq / kHkv;
-  std::vector<float> qc(q.begin() + row0 * Hq * hd, q.begin() + (row0 + n) * Hq * hd);
+  const std::vector<float> qc(q.begin() + row0 * Hq * hd, q.begin() + (row0 + n) * Hq * hd);
   std::vector<float> core(static_cast<std::size_t>(n) * Hq * hd, -1.0f);
-  std::vector<float> stats(static_cast<std::size_t>(2 * 16 * group));
+  std::vector<float> scratch(static_cast<std::size_t>(gdn::cpu::attention_scratch_floats(group, hd)), NAN);
   const AttentionRows rows{qc.data(), gate.data() + row0 * 2LL * Hq * hd, 2LL * Hq * hd, core.data()};
   const gdn::PassSegment seg{0, 0, n, pos, false};
-  for (int g = 0; g < kHkv; ++g)
-    for (std::int64_t r0 = 0; r0 < n; r0 += 16)
-      K.attention(c.kv, kLayer, g, c.pages, seg, r0, std::min(n, r0 + 16), Hq, hd, group, 1.0f / std::sqrt(static_cast<float>(hd)),
-                  rows, stats.data());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  if (!split) {
+    for (int g = 0; g < kHkv; ++g)
+      for (std::int64_t r0 = 0; r0 < n; r0 += 16)
+        K.attention(c.kv, kLayer, g, c.pages, seg, r0, std::min(n, r0 + 16), Hq, hd, group, scale, rows, scratch.data(), {});
+    return core;
+  }
+  const std::int64_t chunks = (pos + n - 1) / gdn::cpu::attention_chunk + 1;
+  std::vector<float> partials(static_cast<std::size_t>(n * Hq * (chunks + 1) * (hd + 2)), NAN);
+  for (std::int64_t ch = chunks - 1; ch >= 0; --ch)  // any order: each task writes its own chunk
+    for (int g = 0; g < kHkv; ++g)
+      K.attention(c.kv, kLayer, g, c.pages, seg, 0, n, Hq, hd, group, scale, rows, scratch.data(),
+                  gdn::cpu::AttentionSplit{ch, partials.data(), chunks + 1});
+  for (std::int64_t t = 0; t < n; ++t)
+    for (int h = 0; h < Hq; ++h)
+      K.attention_merge(c.kv.dtype(), seg, t, h, Hq, hd, rows, gdn::cpu::AttentionSplit{-1, partials.data(), chunks + 1});
   return core;
 }
 
@@ -103,7 +116,8 @@ TEST_CASE("attention matches the double-precision equations; a row alone equals 
     int hd, group, len, n;  // len positions in all; the last n are the segment's rows
   };
   const Shape shapes[] = {{256, 4, 200, 9},  {256, 6, 129, 3}, {256, 1, 65, 65}, {32, 2, 63, 17}, {32, 4, 1, 1},
-                          {96, 3, 130, 20}, {48, 2, 70, 5},   {64, 8, 64, 2},   {256, 4, 300, 1}};
+                          {96, 3, 130, 20}, {48, 2, 70, 5},   {64, 8, 64, 2},   {256, 4, 300, 1},
+                          {64, 4, 4200, 3}};  // three chunks of positions (attention_chunk)
   for (const Target target : gdn::test::supported_targets()) {
     const auto& K = gdn::cpu::target_kernels(target);
     for (const DType dtype : {DType::f32, DType::bf16})
@@ -165,6 +179,37 @@ TEST_CASE("attention matches the double-precision equations; a row alone equals 
           const std::vector<float> alone = run(K, c, pos + t, 1, Hq, hd, q, gate, t);
           CHECK(std::equal(alone.begin(), alone.end(), core.begin() + static_cast<std::ptrdiff_t>(t) * Hq * hd));
         }
+      }
+  }
+}
+
+TEST_CASE("attention split by chunk over tasks, then merged, equals one task per row, bit for bit", "[attention]") {
+  // The engine splits a decode whose tasks would leave threads idle (few rows, more cores than kv
+  // heads): one task per chunk of positions, then attention_merge. Rows of one to three chunks,
+  // with a row ending exactly on a chunk boundary; decode (1 row) and MTP verification (3 rows).
+  constexpr std::int64_t C = gdn::cpu::attention_chunk;
+  struct Shape {
+    int hd, group;
+    std::int64_t len, n;
+  };
+  const Shape shapes[] = {{256, 4, 2 * C + 70, 1}, {64, 3, C + 1, 3}, {96, 2, 2 * C, 1}, {48, 2, C + 40, 2}, {32, 1, 3 * C, 3}};
+  for (const Target target : gdn::test::supported_targets()) {
+    const auto& K = gdn::cpu::target_kernels(target);
+    for (const DType dtype : {DType::f32, DType::bf16})
+      for (const Shape& sh : shapes) {
+        INFO("target " << K.name << ", KV " << gdn::dtype_name(dtype) << ", head dim " << sh.hd << ", length " << sh.len << ", rows " << sh.n);
+        const int Hq = sh.group * kHkv, hd = sh.hd;
+        const Cache c = make_cache(dtype, static_cast<int>(sh.len), hd, static_cast<unsigned>(sh.len + hd));
+        std::mt19937 rng(static_cast<unsigned>(sh.group + 11));
+        std::normal_distribution<float> nd(0.0f, 1.5f);
+        std::vector<float> q(static_cast<std::size_t>(sh.n) * Hq * hd), gate(static_cast<std::size_t>(sh.n) * 2 * Hq * hd);
+        for (auto& x : q) x = nd(rng);
+        for (auto& x : gate) x = nd(rng);
+        const std::int64_t pos = sh.len - sh.n;
+        const auto whole = run(K, c, pos, sh.n, Hq, hd, q, gate);
+        const auto split = run(K, c, pos, sh.n, Hq, hd, q, gate, 0, true);
+        CHECK(std::equal(whole.begin(), whole.end(), split.begin()));
+        CHECK(std::all_of(whole.begin(), whole.end(), [](float x) { return std::isfinite(x); }));
       }
   }
 }

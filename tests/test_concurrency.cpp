@@ -131,6 +131,48 @@ TEST_CASE("a Context's thread pool gives the same bits at any thread count", "[c
   }
 }
 
+TEST_CASE("long-context decode spread over more threads than kv heads gives the same bits", "[concurrency]") {
+  // qwen35_cond_mtp has one kv head: with 2 or 3 threads a decode past attention_chunk positions is
+  // split by chunk over the threads and merged; with 1 it is not. Rows of a verification (3) and a
+  // short sequence beside it (never split) in the same passes; a rollback between steps.
+  const auto model = Model::load(test::fixture_model("qwen35_cond_mtp"));
+  REQUIRE(model->config().num_key_value_heads == 1);
+  const auto run = [&](int threads) {
+    ContextParams p;
+    p.max_sequences = 2;
+    p.max_context = 4608;
+    p.threads = threads;
+    p.max_batch_tokens = 512;
+    p.max_rollback_tokens = 3;
+    Context ctx(model, p);
+    const SeqId a = ctx.create_sequence(), b = ctx.create_sequence();
+    Batch batch;
+    batch.add(a, prompt(5, 4400), LogitsFor::last);
+    ctx.step(batch);
+    std::vector<float> out;
+    Token t = argmax(ctx.logits(0));
+    for (int step = 0; step < 3; ++step) {
+      batch.clear();
+      const std::vector<Token> verify{t, 11, 12};
+      batch.add(a, verify, LogitsFor::all, /*hidden_all=*/false, /*rollback=*/true);
+      batch.add(b, prompt(6 + step, 5), LogitsFor::last);
+      ctx.step(batch);
+      for (std::int64_t r = 0; r < ctx.output_rows(); ++r) {
+        const auto row = ctx.logits(r);
+        out.insert(out.end(), row.begin(), row.end());
+      }
+      t = argmax(ctx.logits(1));
+      ctx.rollback(a, 2);
+    }
+    return out;
+  };
+  const auto one = run(1);
+  for (const int threads : {2, 3}) {
+    INFO(threads << " threads");
+    CHECK(same_bits(run(threads), one));
+  }
+}
+
 TEST_CASE("the C ABI: one gdn_model, a gdn_context per thread, the same bits as the C++ API", "[concurrency][capi]") {
   gdn_model* m = nullptr;
   REQUIRE(gdn_model_load(test::fixture_model("qwen35_tied").c_str(), nullptr, &m) == GDN_STATUS_OK);

@@ -71,8 +71,13 @@ CpuState::CpuState(const ModelConfig& config, const PreparedWeights& weights, co
   for (auto& t : threads) {
     t.delta.reserve(c.linear_key_head_dim, c.linear_value_head_dim);
     t.state.assign(static_cast<std::size_t>(c.linear_key_head_dim) * static_cast<std::size_t>(c.linear_value_head_dim), 0.0f);
-    t.attention.assign(static_cast<std::size_t>(2 * attention_row_block * (c.num_attention_heads / c.num_key_value_heads)), 0.0f);
+    if (c.num_key_value_heads > 0)
+      t.attention.assign(static_cast<std::size_t>(attention_scratch_floats(c.num_attention_heads / c.num_key_value_heads, c.head_dim)),
+                         0.0f);
   }
+  attention_partials.assign(static_cast<std::size_t>(attention_partial_floats(c, p, pool.size())), 0.0f);
+  if (!attention_partials.empty()) attention_split.assign(static_cast<std::size_t>(p.slots), -1);
+  attention_chunks = attention_max_chunks(p);
   // Packed activations for the widest projection input (the MTP fc reads 2H), so no step allocates.
   threads[0].linear.reserve(std::max<std::int64_t>(U, p.max_output_rows), std::max({2 * H, I, Vd, qd, C}), p.matmul_input);
 }

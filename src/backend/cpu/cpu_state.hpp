@@ -23,13 +23,10 @@
 
 namespace gdn::cpu {
 
-// Query rows per attention task (kernels/attention.hpp): its softmax statistics are sized by it.
-inline constexpr std::int64_t attention_row_block = 16;
-
 struct ThreadScratch {
   DeltaRuleScratch delta;
   std::vector<float> state;   // one head's recurrent state widened to float (bf16 state)
-  std::vector<float> attention;  // running max and sum per query vector of an attention task: 2 · 16 · (Hq/Hkv)
+  std::vector<float> attention;  // an attention task's scratch: attention_scratch_floats(Hq/Hkv, head_dim)
   LinearWorkspace linear;     // packed activations of a projection (used by the calling thread, index 0)
 };
 
@@ -79,6 +76,13 @@ struct CpuState {
   // Work buffers for U = max_pass_rows rows.
   std::int64_t U = 0, ld_proj = 0, ld_fused = 0, ld_aux = 0;
   std::vector<float> x, xn, mix, proj, fused, aux, gates, core, cos, sin;
+
+  // Attention spread over threads by chunk (kernels/kernel_set.hpp, attn_core): the partial states
+  // of up to attention_row_block split rows, each pass segment's offset in them (−1: not split),
+  // and the chunks a row may have. Empty where attention never splits (host_memory.hpp).
+  std::vector<float> attention_partials;
+  std::vector<std::int64_t> attention_split;
+  std::int64_t attention_chunks = 0;
 
   Exec exec() { return Exec{pool, threads, p.matmul_input}; }
 };

@@ -65,6 +65,7 @@ const TargetKernels GDN_CPU_CAT(GDN_CPU_TARGET, _kernels){
     &GDN_CPU_TARGET::rms_norm,
     &GDN_CPU_TARGET::rms_norm_gated,
     &GDN_CPU_TARGET::attention,
+    &GDN_CPU_TARGET::attention_merge,
 };
 
 }  // namespace gdn::cpu

@@ -36,12 +36,16 @@ HostMemory host_memory(const ModelConfig& c, bool has_mtp, const BackendParams& 
   std::int64_t floats = 3 * U * H + U * ld_proj + U * ld_fused + U * ld_aux + 2 * Hv * U + U * std::max(Vd, qd) +
                         2 * U * (c.rotary_dim / 2);
   floats += Hv + c.rotary_dim / 2;  // key_head (int, the size of a float), inv_freq
-  // Per thread: the delta rule's chunk buffers, a widened state, attention statistics.
+  // Per thread: the delta rule's chunk buffers, a widened state, an attention task's scratch; then the
+  // partial states of attention split by chunk, and each segment's offset in them (int64).
   constexpr std::int64_t chunk = DeltaRuleScratch::chunk;
   const std::int64_t per_thread = 3 * chunk + 2 * chunk * chunk + chunk * dv + chunk * dk + 3 * dv + dk * dv +
-                                  2 * attention_row_block * (c.num_attention_heads / c.num_key_value_heads);
+                                  (c.num_key_value_heads > 0
+                                       ? attention_scratch_floats(c.num_attention_heads / c.num_key_value_heads, c.head_dim)
+                                       : 0);
   m.threads = p.threads > 0 ? p.threads : std::max<std::int64_t>(1, std::thread::hardware_concurrency());
-  floats += m.threads * per_thread;
+  const std::int64_t partials = attention_partial_floats(c, p, m.threads);
+  floats += m.threads * per_thread + partials + (partials > 0 ? 2 * static_cast<std::int64_t>(p.slots) : 0);
   m.scratch = floats * f + static_cast<std::int64_t>(LinearWorkspace::reserve_bytes(
                                std::max<std::int64_t>(U, p.max_output_rows), std::max({2 * H, I, Vd, qd, C}), p.matmul_input));
   return m;

@@ -10,6 +10,7 @@
 #include "gdn/model/config.hpp"
 
 #include "../backend.hpp"
+#include "kernel_types.hpp"
 
 namespace gdn::cpu {
 
@@ -28,5 +29,17 @@ struct HostMemory {
 };
 
 HostMemory host_memory(const ModelConfig& c, bool has_mtp, const BackendParams& p);
+
+// The chunks (attention_chunk positions) of a row of up to max_context positions.
+inline std::int64_t attention_max_chunks(const BackendParams& p) {
+  return (static_cast<std::int64_t>(p.max_context) + attention_chunk - 1) / attention_chunk;
+}
+// Floats of CpuState::attention_partials for a pool of `threads`: the partial states of
+// attention_row_block rows split by chunk (Hq heads, head_dim + 2 floats each). None where
+// attention never splits: no KV pages, or no more threads than kv heads.
+inline std::int64_t attention_partial_floats(const ModelConfig& c, const BackendParams& p, std::int64_t threads) {
+  if (p.kv_pages <= 0 || c.num_key_value_heads <= 0 || threads <= c.num_key_value_heads) return 0;
+  return attention_row_block * c.num_attention_heads * attention_max_chunks(p) * (c.head_dim + 2);
+}
 
 }  // namespace gdn::cpu

@@ -21,12 +21,34 @@ struct DeltaRuleInput {
   int dv = 0;
 };
 
+// Query rows per attention task (kernels/attention.hpp).
+inline constexpr std::int64_t attention_row_block = 16;
+// Positions per attention chunk: a row's online softmax restarts at every multiple of it and the
+// chunks' partial states are folded in order, so a long row can be split across threads (one task
+// per chunk, then attention_merge) with the same bits as one task.
+inline constexpr std::int64_t attention_chunk = 2048;
+// A thread's scratch for one attention task: per query vector of up to attention_row_block rows,
+// the running max and sum of the row and of the current chunk, the query in the kernel's form and
+// the current chunk's output.
+inline std::int64_t attention_scratch_floats(std::int64_t group, std::int64_t hd) {
+  return attention_row_block * group * (4 + 2 * hd);
+}
+
 // Where the attention kernel (kernels/attention.hpp) reads queries and gates and writes outputs.
 struct AttentionRows {
-  float* q;           // [rows][Hq·hd]: normed, rotated queries (a task may reorder its own; see to_pair_order)
+  const float* q;     // [rows][Hq·hd]: normed, rotated queries
   const float* gate;  // head h of row r at gate + r·ld_gate + 2h·hd + hd (q_proj's layout)
   std::int64_t ld_gate;
   float* core;        // [rows][Hq·hd]: gated attention output
+};
+
+// An attention task's share of its rows' positions: all of them (chunk < 0), or chunk `chunk`
+// alone, whose partial softmax state per row and query head — [m, s, o[hd]] at
+// partials + ((t·Hq + h)·chunks + c)·(hd + 2), t the row in the segment — attention_merge folds.
+struct AttentionSplit {
+  std::int64_t chunk = -1;
+  float* partials = nullptr;
+  std::int64_t chunks = 0;  // the partials' stride in chunks
 };
 
 // Working memory of the delta rule for one thread, sized once for the model's head dims; the

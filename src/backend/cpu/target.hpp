@@ -33,10 +33,14 @@ struct TargetKernels {
   void (*rms_norm)(const float* x, const float* scale, float* y, std::int64_t n, float eps);
   void (*rms_norm_gated)(const float* x, const float* z, const float* w, float* y, std::int64_t n, float eps);
   // Gated causal attention of rows [r0, r1) of segment s for kv head g over the keys and values of
-  // `pages` in `kv` (either dtype); stats: 2·(r1 − r0)·group floats of scratch.
+  // `pages` in `kv` (either dtype), all positions or one chunk of them (AttentionSplit); scratch:
+  // attention_scratch_floats(group, hd) floats.
   void (*attention)(const KvStore& kv, int kv_layer, int g, const std::vector<std::int32_t>& pages, const PassSegment& s,
                     std::int64_t r0, std::int64_t r1, int Hq, int hd, int group, float scale, const AttentionRows& rows,
-                    float* stats);
+                    float* scratch, const AttentionSplit& split);
+  // Row t of segment s, query head h, from the partial states its chunk tasks left in split.partials.
+  void (*attention_merge)(DType kv_dtype, const PassSegment& s, std::int64_t t, int h, int Hq, int hd,
+                          const AttentionRows& rows, const AttentionSplit& split);
 };
 
 // The target this process runs (from linear_kernel(): amx and avx512bf16 run avx512bf16).

@@ -413,39 +413,80 @@ inline void attention_heads(const float* const* qv, float* const* o, float* cons
   attention_values_generic<G>(o, p, vp, n, hd, rescale ? corr : nullptr);
 }
 
+// A query vector's output in the path's order (pair or unpack order, or natural) put back in
+// natural order, normalised by its softmax sum and gated.
+inline void finish_output(float* o, float sum, const float* gate, int hd, KvPath path, bool pair_order) {
+  if (pair_order) from_pair_order(o, hd);
+#if GDN_CPU_AVX512BF16
+  if (path == KvPath::bf16dot) from_unpack_order(o, hd);
+#endif
+  (void)path;
+  vec::scale(o, 1.0f / sum, hd);
+  vec::mul_sigmoid(o, gate, hd);
+}
+
+// Folds one chunk's partial softmax state (m, s, o) into the running one (M, S, O): the one
+// merge both a whole task and attention_merge use, with explicit FMAs so that no compiler
+// contraction can make the two differ.
+inline void merge_chunk(float& M, float& S, float* O, float m, float s, const float* o, int hd) {
+  const float Mn = std::max(M, m), a = vec::exp1(M - Mn), c = vec::exp1(m - Mn);
+  for (int i = 0; i < hd; ++i) O[i] = std::fma(o[i], c, O[i] * a);
+  S = std::fma(s, c, S * a);
+  M = Mn;
+}
+
 // Rows [r0, r1) of segment s, query heads g·group .. g·group + group − 1 of kv head g. The query
 // heads of a row are processed together (up to 4): each key and value row is loaded once for them,
 // and the outputs stay in registers over a block of positions. Per query vector the operations do
-// not depend on how many rows the task holds. `stats` holds 2 · (r1 − r0) · group floats (the
-// running max and sum of each query vector; the caller's per-thread scratch, sized for any group).
+// not depend on how many rows the task holds.
+//
+// Positions come in chunks of attention_chunk: the online softmax restarts at each chunk, and the
+// chunks' partial states are folded in order by merge_chunk. A task takes either all its chunks
+// (split.chunk < 0: chunk 0 accumulates in the output rows, each later one in scratch and is then
+// folded in; the rows are finished) or one (split.chunk = c: its partial state per query vector
+// goes to split.partials, for attention_merge). Either way a row's result is the same bits, so a
+// long decode row can be spread over threads. `scratch`: attention_scratch_floats(group, hd)
+// floats, the caller's per-thread memory.
 template <typename T>
 inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std::int32_t>& pages, const PassSegment& s,
                    std::int64_t r0, std::int64_t r1, int Hq, int hd, int group, float scale, const AttentionRows& b,
-                   float* stats) {
+                   float* scratch, const AttentionSplit& split) {
   const int ps = kv.page_size();
   constexpr int pos_block = 64;
+  constexpr std::int64_t C = attention_chunk;
+  static_assert(C % pos_block == 0);
   const T* kv_rows[2][2][pos_block];  // [this block, the next][keys, values]
   const int nq = static_cast<int>((r1 - r0) * group);
-  float* mx = stats;
-  float* sum = stats + nq;
+  // Scratch: the rows' running max and sum, the current chunk's, the queries in the path's form,
+  // the current chunk's outputs.
+  float* mx = scratch;
+  float* sum = mx + nq;
+  float* cmx = sum + nq;
+  float* csum = cmx + nq;
+  float* qs = csum + nq;
+  float* co = qs + static_cast<std::ptrdiff_t>(nq) * hd;
   float scb[4 * pos_block];  // scores of up to 4 heads over one block
   const KvPath path = kv_path<T>(hd);
   const bool pair_order = path == KvPath::vector && kv_pair_order<T>;
+  const auto row_of = [&](int q) { return s.row + r0 + q / group; };
+  const auto head_of = [&](int q) { return g * group + q % group; };
+  const auto out_of = [&](int q) { return b.core + row_of(q) * Hq * hd + head_of(q) * hd; };
+  const auto len_of = [&](int q) { return s.pos + r0 + q / group + 1; };
   for (int q = 0; q < nq; ++q) {
     mx[q] = -INFINITY;
     sum[q] = 0.0f;
-    const std::int64_t row = s.row + r0 + q / group;
-    const std::int64_t at = row * Hq * hd + (g * group + q % group) * hd;
-    std::fill(b.core + at, b.core + at + hd, 0.0f);
-    // This task's own query vectors: no other task reads them.
-    if (pair_order) to_pair_order(b.q + at, hd);
+    float* qv = qs + static_cast<std::ptrdiff_t>(q) * hd;
+    std::copy_n(b.q + row_of(q) * Hq * hd + head_of(q) * hd, hd, qv);
+    if (pair_order) to_pair_order(qv, hd);
 #if GDN_CPU_AVX512BF16
-    if (path == KvPath::bf16dot) queries_to_bf16(b.q + at, hd);
+    if (path == KvPath::bf16dot) queries_to_bf16(qv, hd);
 #endif
   }
   const std::int64_t max_len = s.pos + r1;
+  const std::int64_t j_begin = split.chunk < 0 ? 0 : split.chunk * C;
+  const std::int64_t j_end = split.chunk < 0 ? max_len : std::min(max_len, (split.chunk + 1) * C);
   const auto block_rows = [&](std::int64_t j0, const T** kr, const T** vr) {
-    const int nb = static_cast<int>(std::clamp<std::int64_t>(max_len - j0, 0, pos_block));
+    const int nb = static_cast<int>(std::clamp<std::int64_t>(j_end - j0, 0, pos_block));
     for (int j = 0; j < nb; ++j) {
       const std::int64_t pos = j0 + j;
       const std::int32_t page = pages[static_cast<std::size_t>(pos / ps)];
@@ -454,8 +495,22 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
     }
     return nb;
   };
-  int nb_next = block_rows(0, kv_rows[1][0], kv_rows[1][1]);
-  for (std::int64_t j0 = 0, blk = 0; j0 < max_len; j0 += pos_block, ++blk) {
+  // Where the current chunk accumulates: chunk 0 of a whole task in the rows themselves.
+  bool in_rows = false;
+  const auto acc_of = [&](int q) { return in_rows ? out_of(q) : co + static_cast<std::ptrdiff_t>(q) * hd; };
+  int nb_next = block_rows(j_begin, kv_rows[1][0], kv_rows[1][1]);
+  for (std::int64_t j0 = j_begin, blk = 0; j0 < j_end; j0 += pos_block, ++blk) {
+    const std::int64_t c = j0 / C;
+    if (j0 % C == 0) {  // a chunk starts
+      in_rows = split.chunk < 0 && c == 0;
+      for (int q = 0; q < nq; ++q) {
+        cmx[q] = -INFINITY;
+        csum[q] = 0.0f;
+        std::fill_n(acc_of(q), hd, 0.0f);
+      }
+    }
+    float* amx = in_rows ? mx : cmx;
+    float* asum = in_rows ? sum : csum;
     const T* const* kp = kv_rows[(blk + 1) % 2][0];
     const T* const* vp = kv_rows[(blk + 1) % 2][1];
     nb_next = block_rows(j0 + pos_block, kv_rows[blk % 2][0], kv_rows[blk % 2][1]);
@@ -464,47 +519,66 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
       const std::int64_t len = s.pos + t + 1;
       if (len <= j0) continue;
       const int n = static_cast<int>(std::min<std::int64_t>(len - j0, pos_block));
-      const std::int64_t row = s.row + t;
       for (int h0 = 0; h0 < group; h0 += 4) {
         const int G = std::min(4, group - h0);
+        const int q0 = static_cast<int>(t - r0) * group + h0;
         const float* qv[4];
         float* o[4];
         float* sc[4];
         for (int e = 0; e < G; ++e) {
-          const int h = g * group + h0 + e;
-          qv[e] = b.q + row * Hq * hd + h * hd;
-          o[e] = b.core + row * Hq * hd + h * hd;
+          qv[e] = qs + static_cast<std::ptrdiff_t>(q0 + e) * hd;
+          o[e] = acc_of(q0 + e);
           sc[e] = scb + e * pos_block;
         }
-        const int q0 = static_cast<int>(t - r0) * group + h0;
         const KvPrefetch<T> next{kv_rows[blk % 2][0], kv_rows[blk % 2][1], prefetched ? 0 : nb_next};
         prefetched = true;
         switch (G) {
-          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, path); break;
-          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, path); break;
-          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, path); break;
-          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, mx + q0, sum + q0, next, path); break;
+          case 4: attention_heads<4>(qv, o, sc, kp, vp, n, hd, scale, amx + q0, asum + q0, next, path); break;
+          case 3: attention_heads<3>(qv, o, sc, kp, vp, n, hd, scale, amx + q0, asum + q0, next, path); break;
+          case 2: attention_heads<2>(qv, o, sc, kp, vp, n, hd, scale, amx + q0, asum + q0, next, path); break;
+          default: attention_heads<1>(qv, o, sc, kp, vp, n, hd, scale, amx + q0, asum + q0, next, path); break;
         }
       }
     }
+    if ((j0 + pos_block) % C != 0 && j0 + pos_block < j_end) continue;
+    // A chunk ends: its partial states leave for attention_merge, or are folded in here.
+    for (int q = 0; q < nq; ++q) {
+      if (len_of(q) <= c * C) continue;  // the row ends before this chunk
+      if (split.chunk >= 0) {
+        float* p = split.partials + ((row_of(q) - s.row) * Hq + head_of(q)) * split.chunks * (hd + 2) + c * (hd + 2);
+        p[0] = cmx[q];
+        p[1] = csum[q];
+        std::copy_n(co + static_cast<std::ptrdiff_t>(q) * hd, hd, p + 2);
+      } else if (!in_rows) {
+        merge_chunk(mx[q], sum[q], out_of(q), cmx[q], csum[q], co + static_cast<std::ptrdiff_t>(q) * hd, hd);
+      }
+    }
   }
-  for (int q = 0; q < nq; ++q) {
-    const std::int64_t row = s.row + r0 + q / group;
-    const int h = g * group + q % group;
-    float* o = b.core + row * Hq * hd + h * hd;
-    if (pair_order) from_pair_order(o, hd);
-#if GDN_CPU_AVX512BF16
-    if (path == KvPath::bf16dot) from_unpack_order(o, hd);
-#endif
-    vec::scale(o, 1.0f / sum[q], hd);
-    vec::mul_sigmoid(o, b.gate + row * b.ld_gate + 2LL * h * hd + hd, hd);
-  }
+  if (split.chunk >= 0) return;
+  for (int q = 0; q < nq; ++q)
+    finish_output(out_of(q), sum[q], b.gate + row_of(q) * b.ld_gate + 2LL * head_of(q) * hd + hd, hd, path, pair_order);
 }
 
 // The kernel for the cache's dtype (TargetKernels::attention).
 inline void attention(const KvStore& kv, int kv_layer, int g, const std::vector<std::int32_t>& pages, const PassSegment& s,
                       std::int64_t r0, std::int64_t r1, int Hq, int hd, int group, float scale, const AttentionRows& rows,
-                      float* stats) {
-  if (kv.dtype() == DType::bf16) attend<bf16>(kv, kv_layer, g, pages, s, r0, r1, Hq, hd, group, scale, rows, stats);
-  else attend<float>(kv, kv_layer, g, pages, s, r0, r1, Hq, hd, group, scale, rows, stats);
+                      float* scratch, const AttentionSplit& split) {
+  if (kv.dtype() == DType::bf16) attend<bf16>(kv, kv_layer, g, pages, s, r0, r1, Hq, hd, group, scale, rows, scratch, split);
+  else attend<float>(kv, kv_layer, g, pages, s, r0, r1, Hq, hd, group, scale, rows, scratch, split);
+}
+
+// Row t of a segment whose tasks each took one chunk (split): query head h's partial states from
+// split.partials folded in chunk order, as a whole task folds them, then finished
+// (TargetKernels::attention_merge).
+inline void attention_merge(DType kv_dtype, const PassSegment& s, std::int64_t t, int h, int Hq, int hd,
+                            const AttentionRows& b, const AttentionSplit& split) {
+  const KvPath path = kv_dtype == DType::bf16 ? kv_path<bf16>(hd) : kv_path<float>(hd);
+  const bool pair_order = path == KvPath::vector && kv_dtype == DType::bf16;
+  const std::int64_t chunks = (s.pos + t) / attention_chunk + 1;
+  const float* p = split.partials + (t * Hq + h) * split.chunks * (hd + 2);
+  float* o = b.core + (s.row + t) * Hq * hd + h * hd;
+  float M = p[0], S = p[1];
+  std::copy_n(p + 2, hd, o);
+  for (std::int64_t c = 1; c < chunks; ++c) merge_chunk(M, S, o, p[c * (hd + 2)], p[c * (hd + 2) + 1], p + c * (hd + 2) + 2, hd);
+  finish_output(o, S, b.gate + (s.row + t) * b.ld_gate + 2LL * h * hd + hd, hd, path, pair_order);
 }

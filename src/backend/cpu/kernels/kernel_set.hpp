@@ -254,24 +254,68 @@ class Kernels {
     const int group = Hq / Hkv;
     constexpr std::int64_t row_block = attention_row_block;
     const auto segs = plan_.segments;
+    // One task per (segment, block of rows, kv head). Where that leaves threads idle — a decode of
+    // few sequences on more cores than kv heads — a long segment of at most one row block is split
+    // into one task per (chunk, kv head) instead, and its rows finished by attention_merge: the same
+    // bits (kernels/attention.hpp).
+    const auto blocks = [&](const PassSegment& sg) { return (sg.n + row_block - 1) / row_block; };
     std::int64_t tasks = 0;
-    for (const auto& sg : segs) tasks += Hkv * ((sg.n + row_block - 1) / row_block);
+    for (const auto& sg : segs) tasks += Hkv * blocks(sg);
+    auto& split = s_.attention_split;
+    std::int64_t split_rows = 0;
+    if (!s_.attention_partials.empty() && tasks < ex_.pool.size() && segs.size() <= split.size()) {
+      tasks = 0;
+      for (std::size_t si = 0; si < segs.size(); ++si) {
+        const auto& sg = segs[si];
+        const std::int64_t chunks = (sg.pos + sg.n - 1) / attention_chunk + 1;
+        split[si] = -1;
+        if (sg.n <= row_block && chunks > 1 && chunks <= s_.attention_chunks && split_rows + sg.n <= row_block) {
+          split[si] = split_rows * Hq * s_.attention_chunks * (hd + 2);
+          split_rows += sg.n;
+          tasks += Hkv * chunks;
+        } else {
+          tasks += Hkv * blocks(sg);
+        }
+      }
+    }
+    const auto split_of = [&](std::size_t si) { return split_rows > 0 ? split[si] : std::int64_t{-1}; };
     const AttentionRows rows{s_.aux.data(), s_.proj.data(), s_.ld_proj, s_.core.data()};
     ex_.pool.parallel_for(tasks, 1, [&](std::int64_t i0, std::int64_t i1, int thread) {
-      float* stats = ex_.threads[static_cast<std::size_t>(thread)].attention.data();
+      float* scratch = ex_.threads[static_cast<std::size_t>(thread)].attention.data();
       for (std::int64_t i = i0; i < i1; ++i) {
         std::int64_t t = i;
         std::size_t si = 0;
         for (;; ++si) {
-          const std::int64_t n = Hkv * ((segs[si].n + row_block - 1) / row_block);
+          const auto& sg = segs[si];
+          const std::int64_t n = Hkv * (split_of(si) >= 0 ? (sg.pos + sg.n - 1) / attention_chunk + 1 : blocks(sg));
           if (t < n) break;
           t -= n;
         }
         const auto& sg = segs[si];
         const int g = static_cast<int>(t % Hkv);
-        const std::int64_t r0 = (t / Hkv) * row_block, r1 = std::min(sg.n, r0 + row_block);
         const auto& pages = plan_.page_tables[static_cast<std::size_t>(sg.slot)];
-        attention(s_.kv, kv_layer, g, pages, sg, r0, r1, Hq, hd, group, scale, rows, stats);
+        if (split_of(si) >= 0) {
+          const AttentionSplit part{t / Hkv, s_.attention_partials.data() + split_of(si), s_.attention_chunks};
+          attention(s_.kv, kv_layer, g, pages, sg, 0, sg.n, Hq, hd, group, scale, rows, scratch, part);
+        } else {
+          const std::int64_t r0 = (t / Hkv) * row_block, r1 = std::min(sg.n, r0 + row_block);
+          attention(s_.kv, kv_layer, g, pages, sg, r0, r1, Hq, hd, group, scale, rows, scratch, AttentionSplit{});
+        }
+      }
+    });
+    if (split_rows == 0) return;
+    // The split rows, each query head's chunks folded in order.
+    ex_.pool.parallel_for(split_rows * Hq, 1, [&](std::int64_t i0, std::int64_t i1, int) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        std::int64_t t = i / Hq;
+        std::size_t si = 0;
+        for (;; ++si) {
+          if (split_of(si) < 0) continue;
+          if (t < segs[si].n) break;
+          t -= segs[si].n;
+        }
+        const AttentionSplit part{-1, s_.attention_partials.data() + split_of(si), s_.attention_chunks};
+        attention_merge(s_.kv.dtype(), segs[si], t, static_cast<int>(i % Hq), Hq, hd, rows, part);
       }
     });
   }
