@@ -19,6 +19,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/target.hpp"
@@ -79,6 +80,16 @@ Cache make_cache(DType dtype, int len, int hd, unsigned seed) {
   return c;
 }
 
+// Random queries [n][Hq·hd] and q_proj rows [n][2·Hq·hd] (the gates in each head's second half).
+std::pair<std::vector<float>, std::vector<float>> queries_and_gates(std::int64_t n, int Hq, int hd, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  std::vector<float> q(static_cast<std::size_t>(n) * Hq * hd), gate(static_cast<std::size_t>(n) * 2 * Hq * hd);
+  for (auto& x : q) x = nd(rng);
+  for (auto& x : gate) x = nd(rng);
+  return {std::move(q), std::move(gate)};
+}
+
 // Rows [0, n) of a segment starting at position pos, every kv head, in tasks of up to 16 rows as
 // the engine splits them — or, `split`, one task per chunk of positions and kv head, then
 // attention_merge per row and head, as the engine spreads a decode over more threads than kv heads.
@@ -126,11 +137,7 @@ TEST_CASE("attention matches the double-precision equations; a row alone equals 
                        << ", length " << sh.len << ", rows " << sh.n);
         const int Hq = sh.group * kHkv, hd = sh.hd;
         const Cache c = make_cache(dtype, sh.len, hd, static_cast<unsigned>(sh.hd * 131 + sh.len));
-        std::mt19937 rng(static_cast<unsigned>(sh.group + 7));
-        std::normal_distribution<float> nd(0.0f, 1.5f);
-        std::vector<float> q(static_cast<std::size_t>(sh.n) * Hq * hd), gate(static_cast<std::size_t>(sh.n) * 2 * Hq * hd);
-        for (auto& x : q) x = nd(rng);
-        for (auto& x : gate) x = nd(rng);
+        const auto [q, gate] = queries_and_gates(sh.n, Hq, hd, static_cast<unsigned>(sh.group + 7));
         const std::int64_t pos = sh.len - sh.n;
         const std::vector<float> core = run(K, c, pos, sh.n, Hq, hd, q, gate);
         const bool bf16_dot = target == Target::avx512bf16 && dtype == DType::bf16 && hd % 32 == 0;
@@ -200,11 +207,7 @@ TEST_CASE("attention split by chunk over tasks, then merged, equals one task per
         INFO("target " << K.name << ", KV " << gdn::dtype_name(dtype) << ", head dim " << sh.hd << ", length " << sh.len << ", rows " << sh.n);
         const int Hq = sh.group * kHkv, hd = sh.hd;
         const Cache c = make_cache(dtype, static_cast<int>(sh.len), hd, static_cast<unsigned>(sh.len + hd));
-        std::mt19937 rng(static_cast<unsigned>(sh.group + 11));
-        std::normal_distribution<float> nd(0.0f, 1.5f);
-        std::vector<float> q(static_cast<std::size_t>(sh.n) * Hq * hd), gate(static_cast<std::size_t>(sh.n) * 2 * Hq * hd);
-        for (auto& x : q) x = nd(rng);
-        for (auto& x : gate) x = nd(rng);
+        const auto [q, gate] = queries_and_gates(sh.n, Hq, hd, static_cast<unsigned>(sh.group + 11));
         const std::int64_t pos = sh.len - sh.n;
         const auto whole = run(K, c, pos, sh.n, Hq, hd, q, gate);
         const auto split = run(K, c, pos, sh.n, Hq, hd, q, gate, 0, true);

@@ -1,11 +1,13 @@
 // Causal softmax attention of one kv head's query heads over a sequence's paged keys and values
 // (the core of gdn/layers/attention.hpp on the CPU). A fragment of a target region.
 //
-// One task is (segment, kv head, block of up to 16 rows): the query heads of a kv head share each
+// One task is (segment, kv head, block of up to 16 rows), or (segment, kv head, chunk of 2048
+// positions) for a long decode spread over idle threads: the query heads of a kv head share each
 // block of keys and values while it sits in L2. Per query vector the softmax is the online
-// (running max) form over blocks of 64 positions at fixed absolute boundaries, so a row's result
-// is the same sequence of operations whatever the segment length or batch: a prefill row, a decode
-// row and a verification row agree bit for bit.
+// (running max) form over blocks of 64 positions, restarted every 2048 (a chunk) and the chunks
+// folded in order, all at fixed absolute boundaries, so a row's result is the same sequence of
+// operations whatever the segment length, batch or split: a prefill row, a decode row and a
+// verification row agree bit for bit.
 //
 // A bf16 cache on the avx512bf16 target takes its dot products on vdpbf16ps: the queries and the
 // softmax weights are rounded to bf16 as well (as llama.cpp rounds its queries to the f16 of its
@@ -192,9 +194,9 @@ inline void attention_values(float* const* o, const float* const* p, const T* co
 
 #if GDN_CPU_AVX512BF16
 // The bf16 dot-product path (vdpbf16ps: per float lane, acc += a[2i]·b[2i] + a[2i+1]·b[2i+1], the
-// products exact). Queries become bf16 in place, once per task: a vector's hd bf16 occupy the
-// bytes of its first hd/2 floats (chunk i's 64 bytes land on floats i/2 .. i/2 + 15, which the
-// chunks up to i have already read). Only this task reads them.
+// products exact). A task's copy of a query becomes bf16 in place: its hd bf16 occupy the bytes of
+// its first hd/2 floats (element i's 64-byte group lands on floats i/2 .. i/2 + 15, which the
+// groups up to i have already read).
 inline __m512bh as_bf16x32(__m512i x) { return (__m512bh)x; }
 inline __m512i as_si512(__m512bh x) { return (__m512i)x; }
 
