@@ -108,7 +108,7 @@ std::vector<float> run(const gdn::cpu::TargetKernels& K, const Cache& c, std::in
         K.attention(c.kv, kLayer, g, c.pages, seg, r0, std::min(n, r0 + 16), Hq, hd, group, scale, rows, scratch.data(), {});
     return core;
   }
-  const std::int64_t chunks = (pos + n - 1) / gdn::cpu::attention_chunk + 1;
+  const std::int64_t chunks = gdn::cpu::attention_chunks(pos + n);
   std::vector<float> partials(static_cast<std::size_t>(n * Hq * (chunks + 1) * (hd + 2)), NAN);
   for (std::int64_t ch = chunks - 1; ch >= 0; --ch)  // any order: each task writes its own chunk
     for (int g = 0; g < kHkv; ++g)

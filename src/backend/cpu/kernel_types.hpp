@@ -27,6 +27,8 @@ inline constexpr std::int64_t attention_row_block = 16;
 // chunks' partial states are folded in order, so a long row can be split across threads (one task
 // per chunk, then attention_merge) with the same bits as one task.
 inline constexpr std::int64_t attention_chunk = 2048;
+// The chunks of a row of len ≥ 1 positions.
+inline std::int64_t attention_chunks(std::int64_t len) { return (len - 1) / attention_chunk + 1; }
 // A thread's scratch for one attention task: per query vector of up to attention_row_block rows,
 // the running max and sum of the row and of the current chunk, the query in the kernel's form and
 // the current chunk's output.

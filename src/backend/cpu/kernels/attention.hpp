@@ -112,6 +112,32 @@ inline __m512 reduce16(__m512* v) {
   return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// The 16 dot products of four key rows from j (acc[4e + r]: query e, row j + r), scaled, into
+// sc[e][j + r] for the rows below n.
+template <int G>
+inline void store_scores(__m512* acc, __m512 vscale, int j, int n, float* const* sc) {
+  alignas(64) float s[16];
+  _mm512_store_ps(s, _mm512_mul_ps(reduce16(acc), vscale));
+  const int m = std::min(4, n - j);
+  for (int e = 0; e < G; ++e)
+    for (int r = 0; r < m; ++r) sc[e][j + r] = s[4 * r + e];
+}
+
+// A value slice's G·U output vectors at dim c, rescaled by corr[e] (null: not), and back.
+template <int G, int U>
+inline void load_outputs(__m512 (&acc)[G][U], float* const* o, int c, const float* corr) {
+  for (int e = 0; e < G; ++e)
+    for (int u = 0; u < U; ++u) {
+      acc[e][u] = _mm512_loadu_ps(o[e] + c + 16 * u);
+      if (corr) acc[e][u] = _mm512_mul_ps(acc[e][u], _mm512_set1_ps(corr[e]));
+    }
+}
+template <int G, int U>
+inline void store_outputs(const __m512 (&acc)[G][U], float* const* o, int c) {
+  for (int e = 0; e < G; ++e)
+    for (int u = 0; u < U; ++u) _mm512_storeu_ps(o[e] + c + 16 * u, acc[e][u]);
+}
+
 // sc[e][j] = scale · q[e]·k_j for G ≤ 4 query vectors against n key rows, four rows at a time:
 // each key chunk is loaded once for the G queries and each query chunk once for the four rows,
 // 4·G accumulators (one chain per dot product, chunk by chunk) then one reduce16. A group short
@@ -142,11 +168,7 @@ inline void attention_scores(const float* const* q, const T* const* k, int n, in
         for (int e = 0; e < G; ++e) acc[4 * e + r] = _mm512_fmadd_ps(qb[e], kb, _mm512_fmadd_ps(qa[e], ka, acc[4 * e + r]));
       }
     }
-    alignas(64) float s[16];
-    _mm512_store_ps(s, _mm512_mul_ps(reduce16(acc), vscale));
-    const int m = std::min(4, n - j);
-    for (int e = 0; e < G; ++e)
-      for (int r = 0; r < m; ++r) sc[e][j + r] = s[4 * r + e];
+    store_scores<G>(acc, vscale, j, n, sc);
   }
 }
 
@@ -158,11 +180,7 @@ template <int G, int U, typename T>
 inline void attention_values_slice(float* const* o, const float* const* p, const T* const* v, int n, int c, const float* corr,
                                    KvPrefetch<T> next) {
   __m512 acc[G][U];
-  for (int e = 0; e < G; ++e)
-    for (int u = 0; u < U; ++u) {
-      acc[e][u] = _mm512_loadu_ps(o[e] + c + 16 * u);
-      if (corr) acc[e][u] = _mm512_mul_ps(acc[e][u], _mm512_set1_ps(corr[e]));
-    }
+  load_outputs(acc, o, c, corr);
   const float* pe[G];
   for (int e = 0; e < G; ++e) pe[e] = p[e];
   // This slice's bytes of the next block's value rows (the same columns: the same share of lines).
@@ -177,8 +195,7 @@ inline void attention_values_slice(float* const* o, const float* const* p, const
     }
   }
   for (int j = n; j < next.n; ++j) prefetch_row_bytes(next.v[j], pb0, pb1);
-  for (int e = 0; e < G; ++e)
-    for (int u = 0; u < U; ++u) _mm512_storeu_ps(o[e] + c + 16 * u, acc[e][u]);
+  store_outputs(acc, o, c);
 }
 
 // All hd dims (a multiple of 32), 64 at a time: the block's value rows are in L2 after the first
@@ -232,11 +249,7 @@ inline void attention_scores_bf16dot(const bf16* const* q, const bf16* const* k,
           acc[4 * e + r] = _mm512_dpbf16_ps(acc[4 * e + r], as_bf16x32(qx[e]), as_bf16x32(kx));
       }
     }
-    alignas(64) float s[16];
-    _mm512_store_ps(s, _mm512_mul_ps(reduce16(acc), vscale));
-    const int m = std::min(4, n - j);
-    for (int e = 0; e < G; ++e)
-      for (int r = 0; r < m; ++r) sc[e][j + r] = s[4 * r + e];
+    store_scores<G>(acc, vscale, j, n, sc);
   }
 }
 
@@ -261,11 +274,7 @@ template <int G, int U>
 inline void attention_values_slice_bf16dot(float* const* o, const std::uint32_t* const* w, const bf16* const* v, int n, int c,
                                            const float* corr, KvPrefetch<bf16> next) {
   __m512 acc[G][U];
-  for (int e = 0; e < G; ++e)
-    for (int u = 0; u < U; ++u) {
-      acc[e][u] = _mm512_loadu_ps(o[e] + c + 16 * u);
-      if (corr) acc[e][u] = _mm512_mul_ps(acc[e][u], _mm512_set1_ps(corr[e]));
-    }
+  load_outputs(acc, o, c, corr);
   const int pb0 = c * 2, pb1 = (c + 16 * U) * 2;
   for (int j = 0; j < n; j += 2) {
     for (int r = j; r < std::min(j + 2, next.n); ++r) prefetch_row_bytes(next.v[r], pb0, pb1);
@@ -284,8 +293,7 @@ inline void attention_values_slice_bf16dot(float* const* o, const std::uint32_t*
     }
   }
   for (int j = n + (n & 1); j < next.n; ++j) prefetch_row_bytes(next.v[j], pb0, pb1);
-  for (int e = 0; e < G; ++e)
-    for (int u = 0; u < U; ++u) _mm512_storeu_ps(o[e] + c + 16 * u, acc[e][u]);
+  store_outputs(acc, o, c);
 }
 
 template <int G>
@@ -576,7 +584,7 @@ inline void attention_merge(DType kv_dtype, const PassSegment& s, std::int64_t t
                             const AttentionRows& b, const AttentionSplit& split) {
   const KvPath path = kv_dtype == DType::bf16 ? kv_path<bf16>(hd) : kv_path<float>(hd);
   const bool pair_order = path == KvPath::vector && kv_dtype == DType::bf16;
-  const std::int64_t chunks = (s.pos + t) / attention_chunk + 1;
+  const std::int64_t chunks = attention_chunks(s.pos + t + 1);
   const float* p = split.partials + (t * Hq + h) * split.chunks * (hd + 2);
   float* o = b.core + (s.row + t) * Hq * hd + h * hd;
   float M = p[0], S = p[1];

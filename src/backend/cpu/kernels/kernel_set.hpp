@@ -263,34 +263,29 @@ class Kernels {
     for (const auto& sg : segs) tasks += Hkv * blocks(sg);
     auto& split = s_.attention_split;
     std::int64_t split_rows = 0;
-    if (!s_.attention_partials.empty() && tasks < ex_.pool.size() && segs.size() <= split.size()) {
-      tasks = 0;
+    if (!s_.attention_partials.empty() && tasks < ex_.pool.size() && segs.size() <= split.size())
       for (std::size_t si = 0; si < segs.size(); ++si) {
         const auto& sg = segs[si];
-        const std::int64_t chunks = (sg.pos + sg.n - 1) / attention_chunk + 1;
-        split[si] = -1;
-        if (sg.n <= row_block && chunks > 1 && chunks <= s_.attention_chunks && split_rows + sg.n <= row_block) {
-          split[si] = split_rows * Hq * s_.attention_chunks * (hd + 2);
-          split_rows += sg.n;
-          tasks += Hkv * chunks;
-        } else {
-          tasks += Hkv * blocks(sg);
-        }
+        const std::int64_t chunks = attention_chunks(sg.pos + sg.n);
+        const bool fits = sg.n <= row_block && chunks > 1 && chunks <= s_.attention_chunks && split_rows + sg.n <= row_block;
+        split[si] = fits ? split_rows * Hq * s_.attention_chunks * (hd + 2) : -1;
+        split_rows += fits ? sg.n : 0;
       }
-    }
     const auto split_of = [&](std::size_t si) { return split_rows > 0 ? split[si] : std::int64_t{-1}; };
+    const auto seg_tasks = [&](std::size_t si) {
+      return Hkv * (split_of(si) >= 0 ? attention_chunks(segs[si].pos + segs[si].n) : blocks(segs[si]));
+    };
+    if (split_rows > 0) {
+      tasks = 0;
+      for (std::size_t si = 0; si < segs.size(); ++si) tasks += seg_tasks(si);
+    }
     const AttentionRows rows{s_.aux.data(), s_.proj.data(), s_.ld_proj, s_.core.data()};
     ex_.pool.parallel_for(tasks, 1, [&](std::int64_t i0, std::int64_t i1, int thread) {
       float* scratch = ex_.threads[static_cast<std::size_t>(thread)].attention.data();
       for (std::int64_t i = i0; i < i1; ++i) {
         std::int64_t t = i;
         std::size_t si = 0;
-        for (;; ++si) {
-          const auto& sg = segs[si];
-          const std::int64_t n = Hkv * (split_of(si) >= 0 ? (sg.pos + sg.n - 1) / attention_chunk + 1 : blocks(sg));
-          if (t < n) break;
-          t -= n;
-        }
+        for (; t >= seg_tasks(si); ++si) t -= seg_tasks(si);
         const auto& sg = segs[si];
         const int g = static_cast<int>(t % Hkv);
         const auto& pages = plan_.page_tables[static_cast<std::size_t>(sg.slot)];
