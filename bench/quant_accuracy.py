@@ -3,9 +3,9 @@
 
 For each checkpoint, each engine runs the same token ids in bf16 and quantised, and each engine's
 quantised logits are compared with **its own** bf16 logits (issue 16, point 4):
-  - libgdn: `gdn logits MODEL --tokens ... --out F.npy [--quant q8_0|q4_0 [--lm-head-quant q4_0]]`
-    (every position's logits): q8_0, q4_0 with its default lm_head (q8_0), and q4_0 with every
-    projection at 4 bits (--lm-head-quant q4_0);
+  - libgdn: `gdn logits MODEL --tokens ... --out F.npy [--quant q8_0|q4_0|q4_k [--lm-head-quant Q]]`
+    (every position's logits): q8_0, q4_0 and q4_k with their default lm_head (q8_0), and q4_0 and
+    q4_k with every projection at 4 bits (--lm-head-quant q4_0 / q4_k);
   - llama.cpp (llama-cpp-python): the bf16 GGUF bench/peer.py benchmarks (bench/convert_gguf.py),
     quantised by llama.cpp's own llama_model_quantize to Q8_0, Q4_0 and Q4_K_M as llama.cpp chooses
     (its Q4_0 keeps the output, here the tied embedding, at Q6_K, or Q8_0 where rows are not a
@@ -51,9 +51,11 @@ sys.path.insert(0, HERE)
 import peer  # noqa: E402  (convert, quantise, context: the same GGUFs and contexts as the benchmark's peer)
 
 # (label, --quant, --lm-head-quant): the label is the key in the JSON and the table.
-GDN_QUANTS = [("q8_0", "q8_0", None), ("q4_0", "q4_0", None), ("q4_0, lm_head q4_0", "q4_0", "q4_0")]
+GDN_QUANTS = [("q8_0", "q8_0", None), ("q4_0", "q4_0", None), ("q4_0, lm_head q4_0", "q4_0", "q4_0"),
+              ("q4_k", "q4_k", None), ("q4_k, lm_head q4_k", "q4_k", "q4_k")]
 # The lm_head's bits per weight under each (q4_0's default lm_head is q8_0).
-GDN_BITS = {"q8_0": (8.5, 8.5), "q4_0": (4.5, 8.5), "q4_0, lm_head q4_0": (4.5, 4.5)}
+GDN_BITS = {"q8_0": (8.5, 8.5), "q4_0": (4.5, 8.5), "q4_0, lm_head q4_0": (4.5, 4.5),
+            "q4_k": (4.625, 8.5), "q4_k, lm_head q4_k": (4.625, 4.625)}
 GGML_Q8_0, GGML_Q4_0 = 8, 2
 # (label, llama.cpp ftype, untied GGUF, output type, embedding type). The first three are llama.cpp's
 # own choices, what its users run. The "libgdn's policy" ones quantise exactly the tensors libgdn

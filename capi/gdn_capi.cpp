@@ -317,6 +317,7 @@ gdn::WeightQuant to_quant(const gdn_weight_quant& q) {
     case GDN_QUANT_NONE: return gdn::WeightQuant::none;
     case GDN_QUANT_Q8_0: return gdn::WeightQuant::q8_0;
     case GDN_QUANT_Q4_0: return gdn::WeightQuant::q4_0;
+    case GDN_QUANT_Q4_K: return gdn::WeightQuant::q4_k;
     default: invalid("quant " + std::to_string(enum_int(q)) + " is not a gdn_weight_quant");
   }
   return gdn::WeightQuant::none;
@@ -327,6 +328,7 @@ gdn::LmHeadQuant to_lm_head_quant(const gdn_lm_head_quant& q) {
     case GDN_LM_HEAD_QUANT_AUTO: return gdn::LmHeadQuant::automatic;
     case GDN_LM_HEAD_QUANT_Q8_0: return gdn::LmHeadQuant::q8_0;
     case GDN_LM_HEAD_QUANT_Q4_0: return gdn::LmHeadQuant::q4_0;
+    case GDN_LM_HEAD_QUANT_Q4_K: return gdn::LmHeadQuant::q4_k;
     default: invalid("lm_head_quant " + std::to_string(enum_int(q)) + " is not a gdn_lm_head_quant");
   }
   return gdn::LmHeadQuant::automatic;

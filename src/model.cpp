@@ -41,6 +41,7 @@ const char* weight_quant_name(WeightQuant q) noexcept {
     case WeightQuant::none: return "none";
     case WeightQuant::q8_0: return "q8_0";
     case WeightQuant::q4_0: return "q4_0";
+    case WeightQuant::q4_k: return "q4_k";
   }
   return "?";
 }
@@ -49,7 +50,9 @@ WeightQuant parse_weight_quant(std::string_view name) {
   if (name == "none" || name == "bf16") return WeightQuant::none;
   if (name == "q8_0" || name == "q8") return WeightQuant::q8_0;
   if (name == "q4_0" || name == "q4") return WeightQuant::q4_0;
-  throw Error(Status::invalid_argument, fmt::format("quantisation '{}' is not one of none, q8_0 (q8), q4_0 (q4)", name.substr(0, 64)));
+  if (name == "q4_k") return WeightQuant::q4_k;
+  throw Error(Status::invalid_argument,
+              fmt::format("quantisation '{}' is not one of none, q8_0 (q8), q4_0 (q4), q4_k", name.substr(0, 64)));
 }
 
 const char* lm_head_quant_name(LmHeadQuant q) noexcept {
@@ -57,6 +60,7 @@ const char* lm_head_quant_name(LmHeadQuant q) noexcept {
     case LmHeadQuant::automatic: return "auto";
     case LmHeadQuant::q8_0: return "q8_0";
     case LmHeadQuant::q4_0: return "q4_0";
+    case LmHeadQuant::q4_k: return "q4_k";
   }
   return "?";
 }
@@ -65,26 +69,29 @@ LmHeadQuant parse_lm_head_quant(std::string_view name) {
   if (name == "auto") return LmHeadQuant::automatic;
   if (name == "q8_0" || name == "q8") return LmHeadQuant::q8_0;
   if (name == "q4_0" || name == "q4") return LmHeadQuant::q4_0;
+  if (name == "q4_k") return LmHeadQuant::q4_k;
   throw Error(Status::invalid_argument,
-              fmt::format("lm_head_quant '{}' is not one of auto, q8_0 (q8), q4_0 (q4)", name.substr(0, 64)));
+              fmt::format("lm_head_quant '{}' is not one of auto, q8_0 (q8), q4_0 (q4), q4_k", name.substr(0, 64)));
 }
 
 WeightQuant lm_head_weight_quant(WeightQuant quant, LmHeadQuant lm_head) {
-  if (lm_head != LmHeadQuant::automatic && lm_head != LmHeadQuant::q8_0 && lm_head != LmHeadQuant::q4_0)
+  if (lm_head != LmHeadQuant::automatic && lm_head != LmHeadQuant::q8_0 && lm_head != LmHeadQuant::q4_0 &&
+      lm_head != LmHeadQuant::q4_k)
     throw Error(Status::invalid_argument, fmt::format("lm_head_quant {} is not an LmHeadQuant", static_cast<int>(lm_head)));
   if (quant == WeightQuant::none) {
     if (lm_head != LmHeadQuant::automatic)
       throw Error(Status::invalid_argument,
-                  fmt::format("lm_head_quant {} needs a quant (q8_0 or q4_0): without one every projection, the lm_head "
+                  fmt::format("lm_head_quant {} needs a quant (q8_0, q4_0 or q4_k): without one every projection, the lm_head "
                               "included, is read as the checkpoint stores it",
                               lm_head_quant_name(lm_head)));
     return WeightQuant::none;
   }
   if (lm_head == LmHeadQuant::q8_0) return WeightQuant::q8_0;
   if (lm_head == LmHeadQuant::q4_0) return WeightQuant::q4_0;
+  if (lm_head == LmHeadQuant::q4_k) return WeightQuant::q4_k;
   // automatic: the 4-bit lm_head is most of q4_0's logit error (docs/quantization.md), so it stays
-  // at 8 bits, as in llama.cpp's Q4_0.
-  return quant == WeightQuant::q4_0 ? WeightQuant::q8_0 : quant;
+  // at 8 bits, as in llama.cpp's Q4_0 and Q4_K_M (Q6_K there); likewise under q4_k.
+  return quant == WeightQuant::q4_0 || quant == WeightQuant::q4_k ? WeightQuant::q8_0 : quant;
 }
 
 namespace {

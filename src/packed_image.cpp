@@ -52,14 +52,16 @@ std::uint64_t packed_layout_elements(std::string_view layout, std::int64_t rows,
   // The same as cpu::weight_image_elements (test_packed_image checks that they agree).
   if (layout == "panels") return (r + 31) / 32 * ((c + 1) / 2) * 64;
   if (layout == "amx_tiles") return round_up(r, 32) * round_up(c, 32);
-  // Quantised tiles of 32 rows × 32 columns: 1024 + 64 bytes (q8_0), 512 + 64 (q4_0); see cpu/quant.hpp.
+  // Quantised tiles of 32 rows × 32 columns: 1024 + 64 bytes (q8_0), 512 + 64 (q4_0, q4_k), and
+  // q4_k's 128 bytes per 32 rows and super-block of 8 tiles; see cpu/quant.hpp.
   if (layout == "q8_0") return round_up(r, 32) / 32 * (round_up(c, 32) / 32) * 544;
   if (layout == "q4_0") return round_up(r, 32) / 32 * (round_up(c, 32) / 32) * 288;
+  if (layout == "q4_k") return round_up(r, 32) / 32 * ((round_up(c, 32) / 32) * 288 + round_up(c, 256) / 256 * 64);
   return 0;
 }
 
 std::int64_t packed_layout_version(std::string_view layout) noexcept {
-  if (layout == "panels" || layout == "amx_tiles" || layout == "q8_0" || layout == "q4_0") return 1;
+  if (layout == "panels" || layout == "amx_tiles" || layout == "q8_0" || layout == "q4_0" || layout == "q4_k") return 1;
   return 0;
 }
 
@@ -167,19 +169,20 @@ PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std
   PackedImageHeader h;
   h.weight_encoding = text(j, "weight_encoding");
   h.quant_block = static_cast<std::int64_t>(std::min<std::uint64_t>(count(j, "quant_block"), 1u << 30));
-  const bool quantized = h.weight_encoding == "q8_0" || h.weight_encoding == "q4_0";
+  const auto quant_name = [](const std::string& e) { return e == "q8_0" || e == "q4_0" || e == "q4_k"; };
+  const bool quantized = quant_name(h.weight_encoding);
   if (h.weight_encoding != "bf16" && !quantized)
-    bad(what, fmt::format("weight encoding '{}' is not one this libgdn reads (bf16, q8_0, q4_0)", h.weight_encoding.substr(0, 64)));
+    bad(what, fmt::format("weight encoding '{}' is not one this libgdn reads (bf16, q8_0, q4_0, q4_k)", h.weight_encoding.substr(0, 64)));
   if (!quantized && h.quant_block != 0) bad(what, fmt::format("quant_block {} given for the bf16 encoding (0 expected)", h.quant_block));
   if (quantized && h.quant_block != 32)
     bad(what, fmt::format("quant_block {} for the {} encoding (32 expected)", h.quant_block, h.weight_encoding));
   h.layout = text(j, "layout");
   // A quantised encoding has its own layout (every kernel reads it); bf16 has the kernels'.
-  if (quantized != (h.layout == "q8_0" || h.layout == "q4_0") || (quantized && h.layout != h.weight_encoding))
+  if (quantized != quant_name(h.layout) || (quantized && h.layout != h.weight_encoding))
     bad(what, fmt::format("layout '{}' does not go with the {} encoding", h.layout.substr(0, 64), h.weight_encoding));
   h.layout_version = static_cast<std::int64_t>(std::min<std::uint64_t>(count(j, "layout_version"), 1u << 30));
   if (packed_layout_version(h.layout) == 0)
-    bad(what, fmt::format("layout '{}' is not one this libgdn reads (panels, amx_tiles, q8_0, q4_0)", h.layout.substr(0, 64)));
+    bad(what, fmt::format("layout '{}' is not one this libgdn reads (panels, amx_tiles, q8_0, q4_0, q4_k)", h.layout.substr(0, 64)));
   if (h.layout_version != packed_layout_version(h.layout))
     bad(what, fmt::format("layout {} version {} is not the version {} this libgdn reads (run gdn pack again)", h.layout,
                           h.layout_version, packed_layout_version(h.layout)));
@@ -207,7 +210,7 @@ PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std
     t.bytes = count(e, "bytes");
     // Absent in images written before tensors had their own encoding: the header's.
     t.encoding = e.contains("encoding") ? text(e, "encoding") : h.layout;
-    if (quantized ? t.encoding != "q8_0" && t.encoding != "q4_0" : t.encoding != h.layout)
+    if (quantized ? !quant_name(t.encoding) : t.encoding != h.layout)
       bad(what, fmt::format("tensor '{}' has encoding '{}', which a {} image cannot hold", t.name, t.encoding.substr(0, 64),
                             h.layout));
     if (rows == 0 || cols == 0 || rows > (1u << 30) || cols > (1u << 30))

@@ -237,6 +237,14 @@ TEST_CASE("the lm_head's quantised format through C", "[capi][fixtures][quant]")
   CHECK(std::filesystem::exists(path + "/gdn-packed.q4_0.lm_head-q4_0.gdnimg"));
   CHECK(same(run(GDN_QUANT_Q4_0, GDN_LM_HEAD_QUANT_AUTO, full, GDN_WEIGHTS_IMAGE), automatic));
   CHECK(same(run(GDN_QUANT_Q4_0, GDN_LM_HEAD_QUANT_Q4_0, full, GDN_WEIGHTS_IMAGE), all_q4));
+  // Q4_K: its own format (not Q4_0's logits), its own image, mapped == packed.
+  const auto q4k = run(GDN_QUANT_Q4_K, GDN_LM_HEAD_QUANT_AUTO, full, GDN_WEIGHTS_PACKED);
+  CHECK_FALSE(same(q4k, automatic));
+  wp = gdn_model_default_params();
+  wp.quant = GDN_QUANT_Q4_K;
+  REQUIRE(gdn_packed_image_write_params(path.c_str(), nullptr, &wp) == GDN_STATUS_OK);
+  CHECK(std::filesystem::exists(path + "/gdn-packed.q4_k.gdnimg"));
+  CHECK(same(run(GDN_QUANT_Q4_K, GDN_LM_HEAD_QUANT_AUTO, full, GDN_WEIGHTS_IMAGE), q4k));
   // The image of the other policy, named explicitly, is refused (never read as this one).
   gdn_model_params mp = gdn_model_default_params();
   mp.quant = GDN_QUANT_Q4_0;
@@ -252,9 +260,9 @@ TEST_CASE("the lm_head's quantised format through C", "[capi][fixtures][quant]")
   CHECK(gdn_model_load(path.c_str(), &mp, &m) == GDN_STATUS_INVALID_ARGUMENT);
   CHECK_THAT(gdn_last_error(), Catch::Contains("lm_head_quant q8_0 needs a quant"));
   mp.quant = GDN_QUANT_Q4_0;
-  mp.lm_head_quant = static_cast<gdn_lm_head_quant>(3);
+  mp.lm_head_quant = static_cast<gdn_lm_head_quant>(4);
   CHECK(gdn_model_load(path.c_str(), &mp, &m) == GDN_STATUS_INVALID_ARGUMENT);
-  CHECK_THAT(gdn_last_error(), Catch::Contains("lm_head_quant 3 is not a gdn_lm_head_quant"));
+  CHECK_THAT(gdn_last_error(), Catch::Contains("lm_head_quant 4 is not a gdn_lm_head_quant"));
   CHECK(gdn_packed_image_write_params(path.c_str(), nullptr, &mp) == GDN_STATUS_INVALID_ARGUMENT);
   CHECK(m == nullptr);
 }

@@ -5,6 +5,7 @@
 // gives a sparse image; and the header's codec and layout sizes agree with the kernels'.
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <sys/stat.h>
 
@@ -50,6 +51,9 @@ TEST_CASE("packed image layouts have the kernels' sizes", "[image]") {
   for (const auto& [rows, cols] : std::vector<std::pair<int, int>>{{1, 1}, {31, 33}, {32, 64}, {33, 65}, {248, 5120}, {600, 17}}) {
     CHECK(packed_layout_elements("panels", rows, cols) == cpu::weight_image_elements(cpu::WeightImage::panels, rows, cols));
     CHECK(packed_layout_elements("amx_tiles", rows, cols) == cpu::weight_image_elements(cpu::WeightImage::amx_tiles, rows, cols));
+    CHECK(packed_layout_elements("q8_0", rows, cols) == cpu::weight_image_elements(cpu::WeightImage::q8_0, rows, cols));
+    CHECK(packed_layout_elements("q4_0", rows, cols) == cpu::weight_image_elements(cpu::WeightImage::q4_0, rows, cols));
+    CHECK(packed_layout_elements("q4_k", rows, cols) == cpu::weight_image_elements(cpu::WeightImage::q4_k, rows, cols));
   }
   CHECK(packed_layout_elements("none", 32, 32) == 0);
 }
@@ -200,42 +204,46 @@ TEST_CASE("quantised images per lm_head policy: own file, encodings recorded, de
       std::ifstream f(path, std::ios::binary);
       return std::string(std::istreambuf_iterator<char>(f), {});
     };
-    std::size_t sizes[2] = {};
-    int k = 0;
-    for (const LmHeadQuant lm : {LmHeadQuant::automatic, LmHeadQuant::q4_0}) {
-      INFO("lm_head " << lm_head_quant_name(lm));
-      PackImageOptions o;
-      o.quant = WeightQuant::q4_0;
-      o.lm_head_quant = lm;
-      const PackImageResult r = write_packed_image(copy.string(), o);
-      CHECK(r.path == default_packed_image_path(copy.string(), WeightQuant::q4_0, lm));
-      CHECK(fs::path(r.path).filename() ==
-            (lm == LmHeadQuant::automatic ? "gdn-packed.q4_0.gdnimg" : "gdn-packed.q4_0.lm_head-q4_0.gdnimg"));
-      const std::string first = read_all(r.path);
-      const PackImageResult again = write_packed_image(copy.string(), o);
-      CHECK(read_all(again.path) == first);  // byte-identical
-      const PackedImageHeader h = read_packed_image_header(r.path);
-      CHECK(h.weight_encoding == "q4_0");
-      ModelParams mp;
-      mp.quant = WeightQuant::q4_0;
-      mp.lm_head_quant = lm;
-      mp.weights = WeightPlacement::image;
-      const auto mapped = Model::load(copy.string(), mp);
-      CHECK(mapped->packed_image_path() == r.path);
-      int q8 = 0;
-      for (const auto& t : h.tensors) q8 += t.encoding == "q8_0";
-      CHECK(q8 == (lm == LmHeadQuant::automatic ? 1 : 0));  // the lm_head alone (tied: the embedding's copy)
-      const std::string lm_name = mapped->config().tie_word_embeddings ? "embed_tokens" : "lm_head";
-      for (const auto& t : h.tensors)
-        if (t.encoding == "q8_0") CHECK(t.name.find(lm_name) != std::string::npos);
-      // The plan counts the bytes loading maps.
-      CHECK(plan_memory(copy.string(), ContextParams{}, mp).packed_bytes == static_cast<std::int64_t>(mapped->packed_bytes()));
-      mp.weights = WeightPlacement::packed;
-      const auto packed = Model::load(copy.string(), mp);
-      CHECK(packed->packed_bytes() == mapped->packed_bytes());
-      CHECK(same_bits(logits_of(mapped), logits_of(packed)));
-      sizes[k++] = mapped->packed_bytes();
+    for (const WeightQuant quant : {WeightQuant::q4_0, WeightQuant::q4_k}) {
+      const char* const qname = weight_quant_name(quant);
+      const LmHeadQuant all_4bit = quant == WeightQuant::q4_0 ? LmHeadQuant::q4_0 : LmHeadQuant::q4_k;
+      std::size_t sizes[2] = {};
+      int k = 0;
+      for (const LmHeadQuant lm : {LmHeadQuant::automatic, all_4bit}) {
+        INFO("quant " << qname << " lm_head " << lm_head_quant_name(lm));
+        PackImageOptions o;
+        o.quant = quant;
+        o.lm_head_quant = lm;
+        const PackImageResult r = write_packed_image(copy.string(), o);
+        CHECK(r.path == default_packed_image_path(copy.string(), quant, lm));
+        CHECK(fs::path(r.path).filename() == (lm == LmHeadQuant::automatic ? fmt::format("gdn-packed.{}.gdnimg", qname)
+                                                                           : fmt::format("gdn-packed.{0}.lm_head-{0}.gdnimg", qname)));
+        const std::string first = read_all(r.path);
+        const PackImageResult again = write_packed_image(copy.string(), o);
+        CHECK(read_all(again.path) == first);  // byte-identical
+        const PackedImageHeader h = read_packed_image_header(r.path);
+        CHECK(h.weight_encoding == qname);
+        ModelParams mp;
+        mp.quant = quant;
+        mp.lm_head_quant = lm;
+        mp.weights = WeightPlacement::image;
+        const auto mapped = Model::load(copy.string(), mp);
+        CHECK(mapped->packed_image_path() == r.path);
+        int q8 = 0;
+        for (const auto& t : h.tensors) q8 += t.encoding == "q8_0";
+        CHECK(q8 == (lm == LmHeadQuant::automatic ? 1 : 0));  // the lm_head alone (tied: the embedding's copy)
+        const std::string lm_name = mapped->config().tie_word_embeddings ? "embed_tokens" : "lm_head";
+        for (const auto& t : h.tensors)
+          if (t.encoding == "q8_0") CHECK(t.name.find(lm_name) != std::string::npos);
+        // The plan counts the bytes loading maps.
+        CHECK(plan_memory(copy.string(), ContextParams{}, mp).packed_bytes == static_cast<std::int64_t>(mapped->packed_bytes()));
+        mp.weights = WeightPlacement::packed;
+        const auto packed = Model::load(copy.string(), mp);
+        CHECK(packed->packed_bytes() == mapped->packed_bytes());
+        CHECK(same_bits(logits_of(mapped), logits_of(packed)));
+        sizes[k++] = mapped->packed_bytes();
+      }
+      CHECK(sizes[0] > sizes[1]);  // the q8_0 lm_head is larger
     }
-    CHECK(sizes[0] > sizes[1]);  // the q8_0 lm_head is larger
   }
 }

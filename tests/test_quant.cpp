@@ -49,8 +49,9 @@ struct Image {
 };
 
 cpu::QuantFormat format_of(cpu::WeightImage l) {
-  return l == cpu::WeightImage::q8_0 ? cpu::QuantFormat::q8_0 : cpu::QuantFormat::q4_0;
+  return l == cpu::WeightImage::q8_0 ? cpu::QuantFormat::q8_0 : l == cpu::WeightImage::q4_0 ? cpu::QuantFormat::q4_0 : cpu::QuantFormat::q4_k;
 }
+constexpr cpu::WeightImage all_formats[] = {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0, cpu::WeightImage::q4_k};
 
 const cpu::LinearKernel kernels[] = {cpu::LinearKernel::scalar, cpu::LinearKernel::avx2, cpu::linear_kernel()};
 
@@ -107,19 +108,57 @@ TEST_CASE("quantised formats: each block's scale and values follow the stated ro
   }
 }
 
+TEST_CASE("q4_k: every value within a step of its block's range, the squared error well below q4_0's", "[quant]") {
+  std::mt19937 rng(9);
+  // Rows of 300 columns: a super-block of 8 blocks and a partial one of 2 (the last block padded).
+  for (auto [out, in] : {std::pair<std::int64_t, std::int64_t>{33, 300}, {64, 256}, {7, 5}}) {
+    Weight W(out, in, rng);
+    // Skewed blocks (all positive, all negative) where an offset pays most.
+    for (std::int64_t k = 0; k < std::min<std::int64_t>(in, 32); ++k) {
+      W.data[static_cast<std::size_t>(k)] = to_bf16(0.02f + std::fabs(W.at(0, k)));
+      if (out > 1) W.data[static_cast<std::size_t>(in + k)] = to_bf16(-0.02f - std::fabs(W.at(1, k)));
+    }
+    const Image k4(cpu::WeightImage::q4_k, W.view), q4(cpu::WeightImage::q4_0, W.view);
+    double err_k = 0.0, err_0 = 0.0;
+    for (std::int64_t n = 0; n < out; ++n)
+      for (std::int64_t b = 0; b * 32 < in; ++b) {
+        const std::int64_t j1 = std::min(in, b * 32 + 32);
+        float lo = 0.0f, hi = 0.0f;
+        std::vector<float> vals;
+        for (std::int64_t j = b * 32; j < j1; ++j) {
+          lo = std::min(lo, W.at(n, j));
+          hi = std::max(hi, W.at(n, j));
+          vals.push_back(cpu::quant_image_value(cpu::QuantFormat::q4_k, k4.bytes(), out, in, n, j));
+        }
+        for (std::int64_t j = b * 32; j < j1; ++j) {
+          const float w = W.at(n, j), v = vals[static_cast<std::size_t>(j - b * 32)];
+          INFO(fmt::format("[{}, {}] n {} k {}: w {} v {} range [{}, {}]", out, in, n, j, w, v, lo, hi));
+          REQUIRE(std::fabs(w - v) <= (hi - lo) / 15.0f + 1e-9f);
+          const double e0 = w - cpu::quant_image_value(cpu::QuantFormat::q4_0, q4.bytes(), out, in, n, j);
+          err_k += static_cast<double>(w - v) * (w - v);
+          err_0 += e0 * e0;
+        }
+      }
+    INFO(fmt::format("[{}, {}] squared error q4_k {} q4_0 {}", out, in, err_k, err_0));
+    REQUIRE(err_k < 0.9 * err_0);
+  }
+}
+
 TEST_CASE("quantised formats: a non-finite weight makes its block NaN, never a saturated scale", "[quant]") {
   std::mt19937 rng(11);
   ThreadPool pool(2);
   cpu::LinearWorkspace ws;
-  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+  for (auto layout : all_formats) {
     Weight W(40, 64, rng);
     W.data[5] = to_bf16(std::numeric_limits<float>::quiet_NaN());          // row 0, block 0
     W.data[64 * 3 + 40] = to_bf16(std::numeric_limits<float>::infinity());  // row 3, block 1
     const Image img(layout, W.view);
     const auto f = format_of(layout);
+    // q4_k's scales are per super-block (here both blocks of the row): all of it is NaN.
+    const bool super = layout == cpu::WeightImage::q4_k;
     for (std::int64_t k = 0; k < 64; ++k) {
-      REQUIRE(std::isnan(cpu::quant_image_value(f, img.bytes(), 40, 64, 0, k)) == (k < 32));
-      REQUIRE(std::isnan(cpu::quant_image_value(f, img.bytes(), 40, 64, 3, k)) == (k >= 32));
+      REQUIRE(std::isnan(cpu::quant_image_value(f, img.bytes(), 40, 64, 0, k)) == (super || k < 32));
+      REQUIRE(std::isnan(cpu::quant_image_value(f, img.bytes(), 40, 64, 3, k)) == (super || k >= 32));
       REQUIRE(std::isfinite(cpu::quant_image_value(f, img.bytes(), 40, 64, 1, k)));
     }
     std::vector<float> x(2 * 64);
@@ -136,8 +175,8 @@ TEST_CASE("quantised formats: a non-finite weight makes its block NaN, never a s
 
 TEST_CASE("quantised formats: deterministic, and whole groups pack alone as together", "[quant]") {
   std::mt19937 rng(11);
-  const Weight W(100, 72, rng);
-  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+  const Weight W(100, 300, rng);
+  for (auto layout : all_formats) {
     const Image a(layout, W.view), b(layout, W.view);
     REQUIRE(a.u16 == b.u16);
     std::vector<std::uint16_t> parts(a.u16.size(), 0);
@@ -150,7 +189,7 @@ TEST_CASE("quantised kernels: accurate against float64, bit-identical across ker
   std::mt19937 rng(3);
   ThreadPool pool(2);
   cpu::LinearWorkspace ws;
-  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+  for (auto layout : all_formats) {
     // 9 and 37 rows: on an AMX-INT8 CPU the batched calls take the tile path (one partial chunk of
     // 16 rows; two full chunks and a partial one) and the single rows the VNNI one.
     for (auto [out, in, rows] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{96, 64, 9}, {70, 100, 37}, {33, 1024, 9},
@@ -203,7 +242,7 @@ TEST_CASE("quantised kernels: a fused call equals separate calls; zero and non-f
   cpu::LinearWorkspace ws;
   const std::int64_t in = 160, rows = 3;
   const Weight A(64, in, rng), B(8, in, rng), C(200, in, rng);
-  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+  for (auto layout : all_formats) {
     const Image ia(layout, A.view), ib(layout, B.view), ic(layout, C.view);
     std::vector<float> x(static_cast<std::size_t>(rows * in));
     std::normal_distribution<float> nd(0.0f, 1.0f);

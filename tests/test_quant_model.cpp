@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/linear.hpp"
+#include "backend/cpu/quant.hpp"
 #include "gdn/io/tokenizer.hpp"
 #include "safetensors_writer.hpp"
 #include "test_util.hpp"
@@ -40,8 +42,25 @@ float nearest_half(float x) {
 
 // One row of a weight, block-quantised and dequantised as the format states: blocks of 32 input
 // columns, q8_0 d = max|w| / 127, q = round(w / d) in [-127, 127]; q4_0 d = m / -8 (m the block's
-// value of largest magnitude), q = clamp(round(w / d), -8, 7); d rounded to half first.
+// value of largest magnitude), q = clamp(round(w / d), -8, 7); d rounded to half first. q4_k's
+// fitted scales are the library's own (the row packed alone, then read back value by value):
+// test_quant checks the fit, this test that the model reads what was packed.
 void quantize_row(WeightQuant q, float* w, std::int64_t in) {
+  if (q == WeightQuant::q4_k) {
+    TensorView row;
+    row.dtype = DType::f32;
+    row.rank = 2;
+    row.shape[0] = 1;
+    row.shape[1] = in;
+    row.data = reinterpret_cast<const std::byte*>(w);
+    std::vector<std::uint16_t> image(cpu::weight_image_elements(cpu::WeightImage::q4_k, 1, in));
+    cpu::pack_weight_image(cpu::WeightImage::q4_k, row, 0, 1, image.data());
+    const auto* bytes = reinterpret_cast<const std::byte*>(image.data());
+    std::vector<float> v(static_cast<std::size_t>(in));
+    for (std::int64_t k = 0; k < in; ++k) v[static_cast<std::size_t>(k)] = cpu::quant_image_value(cpu::QuantFormat::q4_k, bytes, 1, in, 0, k);
+    std::copy(v.begin(), v.end(), w);
+    return;
+  }
   for (std::int64_t b = 0; b < in; b += 32) {
     const std::int64_t n = std::min<std::int64_t>(32, in - b);
     float m = 0.0f;
@@ -117,8 +136,8 @@ TEST_CASE("independent half rounding agrees with IEEE on exact and tie cases", "
 constexpr double reference_max_tolerance = 3e-2;
 constexpr double reference_rms_tolerance = 2e-3;
 
-// The policies tested: each format with the automatic lm_head (q8_0 under q4_0), and every
-// projection at q4_0.
+// The policies tested: each format with the automatic lm_head (q8_0 under q4_0 and q4_k), and
+// every projection at 4 bits.
 struct Policy {
   WeightQuant quant;
   LmHeadQuant lm_head;
@@ -126,7 +145,9 @@ struct Policy {
 };
 constexpr Policy policies[] = {{WeightQuant::q8_0, LmHeadQuant::automatic, WeightQuant::q8_0},
                                {WeightQuant::q4_0, LmHeadQuant::automatic, WeightQuant::q8_0},
-                               {WeightQuant::q4_0, LmHeadQuant::q4_0, WeightQuant::q4_0}};
+                               {WeightQuant::q4_0, LmHeadQuant::q4_0, WeightQuant::q4_0},
+                               {WeightQuant::q4_k, LmHeadQuant::automatic, WeightQuant::q8_0},
+                               {WeightQuant::q4_k, LmHeadQuant::q4_k, WeightQuant::q4_k}};
 std::string policy_name(const Policy& p) {
   return fmt::format("{} (lm_head {})", weight_quant_name(p.quant), weight_quant_name(p.lm_head_format));
 }
@@ -177,7 +198,9 @@ struct FormatBound {
 };
 constexpr FormatBound format_bounds[] = {{WeightQuant::q8_0, LmHeadQuant::automatic, 4.0, 0.3},
                                          {WeightQuant::q4_0, LmHeadQuant::automatic, 10.0, 1.5},
-                                         {WeightQuant::q4_0, LmHeadQuant::q4_0, 10.0, 1.5}};
+                                         {WeightQuant::q4_0, LmHeadQuant::q4_0, 10.0, 1.5},
+                                         {WeightQuant::q4_k, LmHeadQuant::automatic, 10.0, 1.5},
+                                         {WeightQuant::q4_k, LmHeadQuant::q4_k, 10.0, 1.5}};
 
 TEST_CASE("quantisation error against the float logits of every fixture, bounded", "[quant][fixtures]") {
   for (const std::string name : {"qwen35_tied", "qwen35_cond_mtp", "qwen35_f32params", "qwen3next_dense"}) {
@@ -233,8 +256,10 @@ TEST_CASE("quantisation error on the trained model's logits, bounded", "[quant][
   };
   const Case cases[] = {{WeightQuant::q8_0, LmHeadQuant::automatic, 0.05, 0.01},
                         {WeightQuant::q4_0, LmHeadQuant::automatic, 0.3, 0.05},
-                        {WeightQuant::q4_0, LmHeadQuant::q4_0, 0.4, 0.08}};
-  double q4_rms[2] = {};
+                        {WeightQuant::q4_0, LmHeadQuant::q4_0, 0.4, 0.08},
+                        {WeightQuant::q4_k, LmHeadQuant::automatic, 0.3, 0.05},
+                        {WeightQuant::q4_k, LmHeadQuant::q4_k, 0.4, 0.08}};
+  double q4_rms[2] = {}, q4k_rms[2] = {};
   for (const Case& c : cases) {
     ModelParams mp;
     mp.quant = c.q;
@@ -255,7 +280,9 @@ TEST_CASE("quantisation error on the trained model's logits, bounded", "[quant][
         flips += std::max_element(a, a + V) - a != std::max_element(b, b + V) - b;
       }
     }
-    if (c.q == WeightQuant::q4_0) q4_rms[c.lm_head == LmHeadQuant::q4_0] = std::sqrt(sum_sq / static_cast<double>(ids.size()));
+    const double mean_rms = std::sqrt(sum_sq / static_cast<double>(ids.size()));
+    if (c.q == WeightQuant::q4_0) q4_rms[c.lm_head == LmHeadQuant::q4_0] = mean_rms;
+    if (c.q == WeightQuant::q4_k) q4k_rms[c.lm_head == LmHeadQuant::q4_k] = mean_rms;
     WARN(fmt::format("gdn-tiny {} (lm_head {}) vs float: max {:.3g}, RMS {:.3g} (relative to the logits' RMS; bounds {}, {}); "
                      "greedy token changed at {} of {} positions",
                      weight_quant_name(c.q), weight_quant_name(lm_head_weight_quant(c.q, c.lm_head)), worst, worst_rms,
@@ -266,4 +293,9 @@ TEST_CASE("quantisation error on the trained model's logits, bounded", "[quant][
   // The default q4_0 policy is measurably more accurate than every projection at 4 bits.
   INFO(fmt::format("q4_0 mean RMS: lm_head q8_0 {:.4g}, lm_head q4_0 {:.4g}", q4_rms[0], q4_rms[1]));
   CHECK(q4_rms[0] < 0.8 * q4_rms[1]);
+  INFO(fmt::format("q4_k mean RMS: lm_head q8_0 {:.4g}, lm_head q4_k {:.4g}", q4k_rms[0], q4k_rms[1]));
+  CHECK(q4k_rms[0] < 0.8 * q4k_rms[1]);
+  // The fitted format is the more accurate 4-bit one, policy for policy.
+  CHECK(q4k_rms[0] < q4_rms[0]);
+  CHECK(q4k_rms[1] < q4_rms[1]);
 }

@@ -123,6 +123,11 @@ def test_quantised_lm_head_policy(tmp_path):
         gdn.Model.load(d, quant="q4_0", lm_head_quant="q5")
     with pytest.raises(gdn.InvalidArgumentError, match="lm_head_quant q4_0 needs a quant"):
         gdn.Model.load(d, lm_head_quant="q4_0")
+    # quant='q4_k', the fitted 4-bit format: other logits than q4_0's, its own image, mapped == packed.
+    q4k = prefill(small_context(gdn.Model.load(d, quant="q4_k", weights="pack")), tokens)
+    assert not np.array_equal(q4k, auto)
+    assert gdn.pack(d, quant="q4_k")["path"].endswith("gdn-packed.q4_k.gdnimg")
+    assert np.array_equal(prefill(small_context(gdn.Model.load(d, quant="q4_k", weights="image")), tokens), q4k)
 
 
 def test_bf16_matmul_inputs_stay_near_the_float32_reference():

@@ -44,31 +44,34 @@ enum class WeightPlacement : int { automatic = 0, packed = 1, in_place = 2, imag
 const char* weight_placement_name(WeightPlacement p) noexcept;  // "automatic", "packed", "in place", "image"
 
 // Block-quantised projections (docs/quantization.md states the formats, the rounding and which
-// tensors): every bf16 projection (the layers', the lm_head — at q8_0 under q4_0 unless
-// LmHeadQuant says otherwise — the MTP head's) in blocks of 32 input
-// columns with one half-precision scale each; embeddings, norms, A_log, dt_bias, conv weights stay
-// as stored and the GDN recurrent state float32.
-//   q8_0  int8 values, 8.5 bits per weight      q4_0  4-bit values, 4.5 bits per weight
+// tensors): every bf16 projection (the layers', the lm_head — at q8_0 under q4_0 and q4_k unless
+// LmHeadQuant says otherwise — the MTP head's) in blocks of 32 input columns; embeddings, norms,
+// A_log, dt_bias, conv weights stay as stored and the GDN recurrent state float32.
+//   q8_0  int8 values and a half scale per block, 8.5 bits per weight
+//   q4_0  4-bit values and a half scale per block, 4.5 bits per weight
+//   q4_k  4-bit values with a fitted scale and offset per block (8-bit, of half super-block scales
+//         per 256 columns; K-quant-like), 4.625 bits per weight: the more accurate 4-bit format
 // The CPU backend reads them from a quantised image: packed at load, or mapped from the file
 // `gdn pack --quant` writes (DIR/gdn-packed.<quant>.gdnimg, looked for first; another lm_head
 // format than the automatic one has its own name, see default_packed_image_path). A quantised model
 // cannot be read in place (WeightPlacement::in_place is refused) and its logits are not the
 // checkpoint's (docs/quantization.md states what is measured so far).
-enum class WeightQuant : int { none = 0, q8_0 = 1, q4_0 = 2 };
-const char* weight_quant_name(WeightQuant q) noexcept;  // "none", "q8_0", "q4_0"
-// "none" / "bf16", "q8_0" / "q8", "q4_0" / "q4"; throws gdn::Error(invalid_argument) naming the rest.
+enum class WeightQuant : int { none = 0, q8_0 = 1, q4_0 = 2, q4_k = 3 };
+const char* weight_quant_name(WeightQuant q) noexcept;  // "none", "q8_0", "q4_0", "q4_k"
+// "none" / "bf16", "q8_0" / "q8", "q4_0" / "q4", "q4_k"; throws gdn::Error(invalid_argument) naming the rest.
 WeightQuant parse_weight_quant(std::string_view name);
 
 // The lm_head's format under a quantisation (ModelParams::lm_head_quant). The lm_head is the
 // output projection: lm_head.weight, or for tied embeddings the quantised copy of the embedding
 // that the logits are computed with (the embedding lookup itself stays as stored); the MTP head's
-// logits use it too. automatic: q8_0 under q4_0, as llama.cpp keeps its output tensor at 8 bits
-// or more (on gdn-tiny it halves q4_0's logit error; docs/quantization.md), else the projections'
-// format. q8_0 / q4_0: that format (q4_0 under q4_0: every projection at 4 bits, the smallest
-// image). Only meaningful with a quant: an explicit format without one is invalid_argument.
-enum class LmHeadQuant : int { automatic = 0, q8_0 = 1, q4_0 = 2 };
-const char* lm_head_quant_name(LmHeadQuant q) noexcept;  // "auto", "q8_0", "q4_0"
-// "auto", "q8_0" / "q8", "q4_0" / "q4"; throws gdn::Error(invalid_argument) naming the field and the value.
+// logits use it too. automatic: q8_0 under q4_0 and q4_k, as llama.cpp keeps its output tensor at
+// 6 bits or more (on gdn-tiny it halves q4_0's logit error; docs/quantization.md), else the
+// projections' format. q8_0 / q4_0 / q4_k: that format (a 4-bit one under a 4-bit quant: every
+// projection at 4 bits, the smallest image). Only meaningful with a quant: an explicit format
+// without one is invalid_argument.
+enum class LmHeadQuant : int { automatic = 0, q8_0 = 1, q4_0 = 2, q4_k = 3 };
+const char* lm_head_quant_name(LmHeadQuant q) noexcept;  // "auto", "q8_0", "q4_0", "q4_k"
+// "auto", "q8_0" / "q8", "q4_0" / "q4", "q4_k"; throws gdn::Error(invalid_argument) naming the field and the value.
 LmHeadQuant parse_lm_head_quant(std::string_view name);
 // The lm_head's format for a load with `quant` and `lm_head` (none when quant is none). Throws
 // gdn::Error(invalid_argument) for an explicit lm_head format without a quant.
@@ -88,7 +91,7 @@ struct ModelParams {
   std::string packed_image;
   // Quantised projections for the CPU backend (see WeightQuant); none: the checkpoint's bf16 values.
   WeightQuant quant = WeightQuant::none;
-  // The lm_head's format under a quant (see LmHeadQuant): automatic is q8_0 under q4_0.
+  // The lm_head's format under a quant (see LmHeadQuant): automatic is q8_0 under q4_0 and q4_k.
   LmHeadQuant lm_head_quant = LmHeadQuant::automatic;
   // Called as loading reads the weights (packing or uploading them): progress(done_bytes, total_bytes).
   std::function<void(std::size_t, std::size_t)> progress;

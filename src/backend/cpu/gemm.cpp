@@ -34,6 +34,11 @@
 namespace gdn::cpu {
 namespace {
 
+// The quantised format a quantised image layout holds.
+QuantFormat quant_format(WeightImage layout) noexcept {
+  return layout == WeightImage::q8_0 ? QuantFormat::q8_0 : layout == WeightImage::q4_0 ? QuantFormat::q4_0 : QuantFormat::q4_k;
+}
+
 constexpr std::int64_t tile_u16 = 512;  // one AMX tile, 16 rows × 64 bytes, in uint16
 constexpr int group_rows = 4;  // activation rows per AMX B tile: 3 parts each, 12 of 16 columns
 std::int64_t amx_groups(std::int64_t rows) { return (rows + group_rows - 1) / group_rows; }
@@ -642,8 +647,7 @@ void linear_multi(ThreadPool& pool, LinearWorkspace& ws, LinearKernel k, std::sp
       const std::int64_t out = W.dim(0);
       const std::int64_t n0 = (b - starts[i]) * range_rows, n1 = std::min(out, n0 + range_rows);
       if (p.image != nullptr && is_quantized(p.image_layout)) {
-        quant_range(qk, p.image_layout == WeightImage::q8_0 ? QuantFormat::q8_0 : QuantFormat::q4_0,
-                    reinterpret_cast<const std::byte*>(p.image), in, out, n0, n1, qx, rows, p.y, p.ldy);
+        quant_range(qk, quant_format(p.image_layout), reinterpret_cast<const std::byte*>(p.image), in, out, n0, n1, qx, rows, p.y, p.ldy);
         continue;
       }
 #if GDN_X86
@@ -689,6 +693,7 @@ std::size_t weight_image_elements(WeightImage layout, std::int64_t out, std::int
     case WeightImage::panels: return static_cast<std::size_t>(detail::panel_image_elements(out, in));
     case WeightImage::q8_0: return quant_image_bytes(QuantFormat::q8_0, out, in) / 2;
     case WeightImage::q4_0: return quant_image_bytes(QuantFormat::q4_0, out, in) / 2;
+    case WeightImage::q4_k: return quant_image_bytes(QuantFormat::q4_k, out, in) / 2;
     default: return 0;
   }
 }
@@ -696,9 +701,7 @@ std::size_t weight_image_elements(WeightImage layout, std::int64_t out, std::int
 void pack_weight_image(WeightImage layout, const TensorView& W, std::int64_t row0, std::int64_t row1,
                        std::uint16_t* image) {
   if (is_quantized(layout)) {
-    const QuantFormat f = layout == WeightImage::q8_0 ? QuantFormat::q8_0 : QuantFormat::q4_0;
-    auto* base = reinterpret_cast<std::byte*>(image);
-    return quantize_weight_image(f, W, row0, row1, base);
+    return quantize_weight_image(quant_format(layout), W, row0, row1, reinterpret_cast<std::byte*>(image));
   }
   if (W.dtype != DType::bf16 || W.rank != 2) throw Error(Status::internal, "pack_weight_image: a rank-2 bf16 weight expected");
   const std::int64_t out = W.dim(0), in = W.dim(1);

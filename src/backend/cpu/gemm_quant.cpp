@@ -96,12 +96,31 @@ inline bool high_nibble(std::int64_t j) { return j >= 16; }
 inline int tile_q(QuantFormat f, const std::uint8_t* t, std::int64_t n, std::int64_t j) {
   const std::uint8_t b = t[tile_byte(f, n, j)];
   if (f == QuantFormat::q8_0) return static_cast<std::int8_t>(b);
-  return (high_nibble(j) ? b >> 4 : b & 0xF) - 8;
+  return (high_nibble(j) ? b >> 4 : b & 0xF) - (f == QuantFormat::q4_0 ? 8 : 0);
 }
-inline float tile_scale(QuantFormat f, const std::uint8_t* t, std::int64_t n) {
+inline float half_at(const std::uint8_t* p, std::int64_t i) {
   std::uint16_t h;
-  std::memcpy(&h, t + int_bytes(f) + 2 * n, 2);
+  std::memcpy(&h, p + 2 * i, 2);
   return to_float(f16{h});
+}
+inline float tile_scale(QuantFormat f, const std::uint8_t* t, std::int64_t n) { return half_at(t + int_bytes(f), n); }
+
+// q4_k: a group's super-block scales follow its tiles, per super-block 32 half D then 32 half M;
+// a tile's sc bytes follow its nibbles, then its mn bytes.
+constexpr std::int64_t q4k_tile_bytes = 576, q4k_super_bytes = 128, q4k_super_blocks = 8;
+constexpr std::int64_t q4k_sc = 512, q4k_mn = 544;  // offsets in a tile
+inline const std::uint8_t* q4k_super(const std::uint8_t* group, std::int64_t kb, std::int64_t b) {
+  return group + kb * q4k_tile_bytes + b / q4k_super_blocks * q4k_super_bytes;
+}
+// Block b's d and m for row n of a group (exact products: see quant.hpp).
+inline void q4k_block_dm(const std::uint8_t* group, std::int64_t kb, std::int64_t b, std::int64_t n, float& d, float& m) {
+  const std::uint8_t* t = group + b * q4k_tile_bytes;
+  const std::uint8_t* sup = q4k_super(group, kb, b);
+  d = half_at(sup, n) * static_cast<float>(t[q4k_sc + n]);
+  m = half_at(sup + 64, n) * static_cast<float>(t[q4k_mn + n]);
+}
+inline std::int64_t group_bytes(QuantFormat f, std::int64_t kb) {
+  return kb * (int_bytes(f) + 64) + (f == QuantFormat::q4_k ? (kb + q4k_super_blocks - 1) / q4k_super_blocks * q4k_super_bytes : 0);
 }
 
 // One row's parts of the quantised activations.
@@ -123,6 +142,11 @@ inline float block_step(std::int32_t H, std::int32_t L, float s, float d, float 
   const float t = std::fma(static_cast<float>(L), low_part_weight, static_cast<float>(H));
   return std::fma(d, t * s, acc);
 }
+// q4_k's offset term's activation factor for one row and block, z · s (quant.hpp); every kernel
+// computes it with these scalar operations, then acc = fma(−m, z · s, acc) per lane.
+inline float offset_factor(const ActRow& a, std::int64_t b) {
+  return std::fma(static_cast<float>(a.sums[2 * b + 1]), low_part_weight, static_cast<float>(a.sums[2 * b])) * a.scale[b];
+}
 
 // ------------------------------------------------------------------------------------------------
 // Scalar.
@@ -133,7 +157,7 @@ void scalar_range(QuantFormat f, const std::uint8_t* image, std::int64_t kb, std
   for (std::int64_t r = 0; r < rows; ++r) {
     const ActRow a = act_row(x, r);
     for (std::int64_t n = n0; n < std::min(n1, out); ++n) {
-      const std::uint8_t* group = image + (n / 32) * kb * tb;
+      const std::uint8_t* group = image + (n / 32) * group_bytes(f, kb);
       float acc = 0.0f;
       for (std::int64_t b = 0; b < kb; ++b) {
         const std::uint8_t* t = group + b * tb;
@@ -143,7 +167,13 @@ void scalar_range(QuantFormat f, const std::uint8_t* image, std::int64_t kb, std
           H += q * a.hi[32 * b + j];
           L += q * a.lo[32 * b + j];
         }
-        acc = block_step(H, L, a.scale[b], tile_scale(f, t, n % 32), acc);
+        if (f == QuantFormat::q4_k) {
+          float d, m;
+          q4k_block_dm(group, kb, b, n % 32, d, m);
+          acc = std::fma(-m, offset_factor(a, b), block_step(H, L, a.scale[b], d, acc));
+        } else {
+          acc = block_step(H, L, a.scale[b], tile_scale(f, t, n % 32), acc);
+        }
       }
       y[r * ldy + n] = acc;
     }
@@ -163,13 +193,18 @@ GDN_T_AVX2Q inline __m256i dot4_avx2(QuantFormat f, __m256i w, __m256i x) {
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
+// 8 bytes (q4_k's sc or mn of 8 rows) as floats.
+GDN_T_AVX2Q inline __m256 u8_to_ps_avx2(const std::uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 template <QuantFormat F>
 GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, std::int64_t n0, std::int64_t n1,
                             const QuantActivations& x, std::int64_t rows, float* y, std::int64_t ldy) {
   const std::int64_t tb = quant_tile_bytes(F);
   const __m256i nib = _mm256_set1_epi8(0x0F);
   for (std::int64_t n = n0; n < n1; n += 32) {
-    const std::uint8_t* group = image + (n / 32) * kb * tb;
+    const std::uint8_t* group = image + (n / 32) * group_bytes(F, kb);
     const std::int64_t valid = std::min<std::int64_t>(32, out - n);
     for (std::int64_t r = 0; r < rows; ++r) {
       const ActRow a = act_row(x, r);
@@ -208,17 +243,29 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
               L[i] = _mm256_add_epi32(L[i], _mm256_add_epi32(dot4_avx2(F, lo, vla), dot4_avx2(F, hi, vlb)));
             }
           }
-          const __m256i zh = _mm256_set1_epi32(8 * a.sums[2 * b]), zl = _mm256_set1_epi32(8 * a.sums[2 * b + 1]);
-          for (int i = 0; i < 4; ++i) {
-            H[i] = _mm256_sub_epi32(H[i], zh);
-            L[i] = _mm256_sub_epi32(L[i], zl);
+          if constexpr (F == QuantFormat::q4_0) {
+            const __m256i zh = _mm256_set1_epi32(8 * a.sums[2 * b]), zl = _mm256_set1_epi32(8 * a.sums[2 * b + 1]);
+            for (int i = 0; i < 4; ++i) {
+              H[i] = _mm256_sub_epi32(H[i], zh);
+              L[i] = _mm256_sub_epi32(L[i], zl);
+            }
           }
         }
         const __m256 s = _mm256_set1_ps(a.scale[b]), c = _mm256_set1_ps(low_part_weight);
         for (int i = 0; i < 4; ++i) {
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + int_bytes(F) + 16 * i)));
           const __m256 tt = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[i]), c, _mm256_cvtepi32_ps(H[i]));
-          acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(tt, s), acc[i]);
+          if constexpr (F == QuantFormat::q4_k) {
+            const std::uint8_t* sup = q4k_super(group, kb, b);
+            const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16 * i)));
+            const __m256 M = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 64 + 16 * i)));
+            const __m256 d = _mm256_mul_ps(D, u8_to_ps_avx2(t + q4k_sc + 8 * i));
+            const __m256 m = _mm256_mul_ps(M, u8_to_ps_avx2(t + q4k_mn + 8 * i));
+            acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(tt, s), acc[i]);
+            acc[i] = _mm256_fnmadd_ps(m, _mm256_set1_ps(offset_factor(a, b)), acc[i]);
+          } else {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + int_bytes(F) + 16 * i)));
+            acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(tt, s), acc[i]);
+          }
         }
       }
       alignas(32) float o[32];
@@ -256,11 +303,16 @@ std::int64_t vnni_prefetch_bytes() {
   return bytes;
 }
 
+// 16 bytes (q4_k's sc or mn of 16 rows) as floats.
+GDN_T_VNNI inline __m512 u8_to_ps16(const std::uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
 template <QuantFormat F, int R>
 GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActRow* a, float* y, std::int64_t ldy,
                           std::int64_t valid, std::int64_t prefetch_ahead) {
   constexpr std::int64_t tb = F == QuantFormat::q8_0 ? 1088 : 576, ib = F == QuantFormat::q8_0 ? 1024 : 512;
-  constexpr int zero_point = F == QuantFormat::q8_0 ? 128 : 8;
+  constexpr int zero_point = F == QuantFormat::q8_0 ? 128 : F == QuantFormat::q4_0 ? 8 : 0;
   __m512 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
@@ -276,7 +328,7 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
     // q4 at one or two rows: the high nibbles' products in chains of their own, so the four
     // dependent vpdpbusd chains of a block become eight of half the length (exact int32 sums, so
     // the same result). More rows have independent chains already and no registers to spare.
-    constexpr bool split = F == QuantFormat::q4_0 && R <= 2;
+    constexpr bool split = F != QuantFormat::q8_0 && R <= 2;
     [[maybe_unused]] __m512i H0b[R], H1b[R], L0b[R], L1b[R];
     if constexpr (split)
       for (int r = 0; r < R; ++r) H0b[r] = H1b[r] = L0b[r] = L1b[r] = _mm512_setzero_si512();
@@ -333,14 +385,30 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
           L1[r] = _mm512_add_epi32(L1[r], L1b[r]);
         }
     }
-    const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib)));
-    const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib + 32)));
-    for (int r = 0; r < R; ++r) {
-      const __m512i zh = _mm512_set1_epi32(zero_point * a[r].sums[2 * b]);
-      const __m512i zl = _mm512_set1_epi32(zero_point * a[r].sums[2 * b + 1]);
-      const __m512 s = _mm512_set1_ps(a[r].scale[b]);
-      acc0[r] = block_step16(_mm512_sub_epi32(H0[r], zh), _mm512_sub_epi32(L0[r], zl), s, d0, acc0[r]);
-      acc1[r] = block_step16(_mm512_sub_epi32(H1[r], zh), _mm512_sub_epi32(L1[r], zl), s, d1, acc1[r]);
+    if constexpr (F == QuantFormat::q4_k) {
+      const std::uint8_t* sup = q4k_super(group, kb, b);
+      const __m512 d0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup))), u8_to_ps16(t + q4k_sc));
+      const __m512 d1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 32))),
+                                      u8_to_ps16(t + q4k_sc + 16));
+      const __m512 m0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 64))),
+                                      u8_to_ps16(t + q4k_mn));
+      const __m512 m1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 96))),
+                                      u8_to_ps16(t + q4k_mn + 16));
+      for (int r = 0; r < R; ++r) {
+        const __m512 s = _mm512_set1_ps(a[r].scale[b]), z = _mm512_set1_ps(offset_factor(a[r], b));
+        acc0[r] = _mm512_fnmadd_ps(m0, z, block_step16(H0[r], L0[r], s, d0, acc0[r]));
+        acc1[r] = _mm512_fnmadd_ps(m1, z, block_step16(H1[r], L1[r], s, d1, acc1[r]));
+      }
+    } else {
+      const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib)));
+      const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib + 32)));
+      for (int r = 0; r < R; ++r) {
+        const __m512i zh = _mm512_set1_epi32(zero_point * a[r].sums[2 * b]);
+        const __m512i zl = _mm512_set1_epi32(zero_point * a[r].sums[2 * b + 1]);
+        const __m512 s = _mm512_set1_ps(a[r].scale[b]);
+        acc0[r] = block_step16(_mm512_sub_epi32(H0[r], zh), _mm512_sub_epi32(L0[r], zl), s, d0, acc0[r]);
+        acc1[r] = block_step16(_mm512_sub_epi32(H1[r], zh), _mm512_sub_epi32(L1[r], zl), s, d1, acc1[r]);
+      }
     }
   }
   const std::int64_t v0 = std::clamp<std::int64_t>(valid, 0, 16), v1 = std::clamp<std::int64_t>(valid - 16, 0, 16);
@@ -357,10 +425,9 @@ void vnni_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, st
   constexpr int max_rows = 4;
   using Tile = void (*)(const std::uint8_t*, std::int64_t, const ActRow*, float*, std::int64_t, std::int64_t, std::int64_t);
   static constexpr Tile tiles[max_rows + 1] = {nullptr, vnni_tile<F, 1>, vnni_tile<F, 2>, vnni_tile<F, 3>, vnni_tile<F, 4>};
-  const std::int64_t tb = quant_tile_bytes(F);
   const std::int64_t prefetch_ahead = vnni_prefetch_bytes();
   for (std::int64_t n = n0; n < n1; n += 32) {
-    const std::uint8_t* group = image + (n / 32) * kb * tb;
+    const std::uint8_t* group = image + (n / 32) * group_bytes(F, kb);
     const std::int64_t valid = std::min<std::int64_t>(32, out - n);
     for (std::int64_t r = 0; r < rows; r += max_rows) {
       const int R = static_cast<int>(std::min<std::int64_t>(max_rows, rows - r));
@@ -583,10 +650,116 @@ bool quant_kernel_supported(QuantKernel k) noexcept {
 }
 
 std::int64_t quant_tile_bytes(QuantFormat f) noexcept { return int_bytes(f) + 64; }
+std::int64_t quant_group_bytes(QuantFormat f, std::int64_t in) noexcept { return group_bytes(f, round_up(in, 32) / 32); }
 
 std::size_t quant_image_bytes(QuantFormat f, std::int64_t out, std::int64_t in) noexcept {
-  return static_cast<std::size_t>(round_up(out, 32) / 32 * (round_up(in, 32) / 32) * quant_tile_bytes(f));
+  return static_cast<std::size_t>(round_up(out, 32) / 32 * quant_group_bytes(f, in));
 }
+
+namespace {
+
+// q4_k's fit of one block (quant.hpp): d ≥ 0 and m ≥ 0 with w ≈ d · q − m, q ∈ [0, 15], for its n
+// valid values (the zero padding past a row's end is not fitted: its activations are zero).
+// Weighted least squares in double over float candidates; deterministic.
+void fit_q4k_block(const float* w, int n, float& d_out, float& m_out) {
+  constexpr float nmax = 15.0f;
+  float lo = 0.0f, hi = 0.0f, sum2 = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    lo = std::min(lo, w[i]);
+    hi = std::max(hi, w[i]);
+    sum2 += w[i] * w[i];
+  }
+  d_out = 0.0f;
+  m_out = -lo;
+  if (!(hi > lo)) return;  // all zero, or all equal to lo < 0: q = 0, m = -lo
+  const float av = std::sqrt(sum2 / static_cast<float>(n));
+  float wt[32];
+  for (int i = 0; i < n; ++i) wt[i] = av + std::fabs(w[i]);
+  // Weighted squared error of (d, m0), m0 = -m ≤ 0, with q rounded against them.
+  auto error = [&](float d, float m0) {
+    double e = 0.0;
+    for (int i = 0; i < n; ++i) {
+      const float q = std::clamp(round_even((w[i] - m0) / d), 0.0f, nmax);
+      const double r = static_cast<double>(q * d + m0 - w[i]);
+      e += wt[i] * r * r;
+    }
+    return e;
+  };
+  float best_d = (hi - lo) / nmax, best_m0 = lo;
+  double best = error(best_d, best_m0);
+  for (int step = 0; step <= 20; ++step) {
+    const float iscale = (nmax - 1.0f + 0.1f * static_cast<float>(step)) / (hi - lo);
+    double sw = 0, sl = 0, sl2 = 0, sx = 0, sxl = 0;
+    for (int i = 0; i < n; ++i) {
+      const double q = std::clamp(round_even(iscale * (w[i] - lo)), 0.0f, nmax);
+      sw += wt[i];
+      sl += wt[i] * q;
+      sl2 += wt[i] * q * q;
+      sx += wt[i] * w[i];
+      sxl += wt[i] * w[i] * q;
+    }
+    const double det = sw * sl2 - sl * sl;
+    if (!(det > 0.0)) continue;
+    double d = (sw * sxl - sx * sl) / det, m0 = (sl2 * sx - sl * sxl) / det;
+    if (m0 > 0.0) {  // the offset may only lower the values (m ≥ 0): refit d alone
+      m0 = 0.0;
+      d = sxl / sl2;
+    }
+    if (!(d > 0.0)) continue;
+    const double e = error(static_cast<float>(d), static_cast<float>(m0));
+    if (e < best) {
+      best = e;
+      best_d = static_cast<float>(d);
+      best_m0 = static_cast<float>(m0);
+    }
+  }
+  d_out = best_d;
+  m_out = -best_m0;
+}
+
+// One row's super-block (blocks b0 .. b1 - 1 of row `row`) of a q4_k group: its D and M, its
+// blocks' sc, mn and nibbles (quant.hpp). A super-block with a NaN or infinite weight gets NaN D
+// and M and zero integers, so the outputs it touches are NaN (as q4_0 does per block).
+void quantize_q4k_super(const TensorView& W, std::int64_t row, std::int64_t n, std::int64_t b0, std::int64_t b1,
+                        std::uint8_t* group, std::int64_t kb) {
+  const std::int64_t out = W.dim(0), in = W.dim(1);
+  float v[q4k_super_blocks][32] = {}, d[q4k_super_blocks] = {}, m[q4k_super_blocks] = {};
+  bool finite = true;
+  float dmax = 0.0f, mmax = 0.0f;
+  for (std::int64_t b = b0; b < b1; ++b) {
+    const int valid = row < out ? static_cast<int>(std::min<std::int64_t>(32, in - 32 * b)) : 0;
+    for (int j = 0; j < valid; ++j) {
+      v[b - b0][j] = weight_at(W, row, 32 * b + j);
+      finite = finite && std::isfinite(v[b - b0][j]);
+    }
+    if (finite && valid > 0) fit_q4k_block(v[b - b0], valid, d[b - b0], m[b - b0]);
+    dmax = std::max(dmax, d[b - b0]);
+    mmax = std::max(mmax, m[b - b0]);
+  }
+  std::uint8_t* sup = group + kb * q4k_tile_bytes + b0 / q4k_super_blocks * q4k_super_bytes;
+  const std::uint16_t Dh = finite ? to_half(dmax / 255.0f) : std::uint16_t{0x7e00};
+  const std::uint16_t Mh = finite ? to_half(mmax / 255.0f) : std::uint16_t{0x7e00};
+  std::memcpy(sup + 2 * n, &Dh, 2);
+  std::memcpy(sup + 64 + 2 * n, &Mh, 2);
+  if (!finite) return;  // the tiles stay zero
+  const float D = to_float(f16{Dh}), M = to_float(f16{Mh});
+  for (std::int64_t b = b0; b < b1; ++b) {
+    std::uint8_t* t = group + b * q4k_tile_bytes;
+    const float sc = D > 0.0f ? std::clamp(round_even(d[b - b0] / D), 0.0f, 255.0f) : 0.0f;
+    const float mn = M > 0.0f ? std::clamp(round_even(m[b - b0] / M), 0.0f, 255.0f) : 0.0f;
+    t[q4k_sc + n] = static_cast<std::uint8_t>(sc);
+    t[q4k_mn + n] = static_cast<std::uint8_t>(mn);
+    const float de = D * sc, me = M * mn;  // exact (quant.hpp)
+    for (std::int64_t j = 0; j < 32; ++j) {
+      const float q = de > 0.0f ? std::clamp(round_even((v[b - b0][j] + me) / de), 0.0f, 15.0f) : 0.0f;
+      const auto u = static_cast<std::uint8_t>(q);
+      std::uint8_t& byte = t[tile_byte(QuantFormat::q4_k, n, j)];
+      byte = high_nibble(j) ? static_cast<std::uint8_t>((byte & 0x0F) | (u << 4)) : static_cast<std::uint8_t>((byte & 0xF0) | u);
+    }
+  }
+}
+
+}  // namespace
 
 void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0, std::int64_t row1, std::byte* image) {
   if (W.rank != 2 || (W.dtype != DType::bf16 && W.dtype != DType::f16 && W.dtype != DType::f32))
@@ -596,6 +769,16 @@ void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0
     throw Error(Status::internal, "quantize_weight_image: rows must be whole groups of 32");
   auto* img = reinterpret_cast<std::uint8_t*>(image);
   const std::int64_t g1 = row1 >= out ? round_up(out, 32) / 32 : row1 / 32;
+  if (f == QuantFormat::q4_k) {
+    for (std::int64_t g = row0 / 32; g < g1; ++g) {
+      std::uint8_t* group = img + g * group_bytes(f, kb);
+      std::memset(group, 0, static_cast<std::size_t>(group_bytes(f, kb)));  // q = 0, sc = mn = 0, D = M = 0
+      for (std::int64_t n = 0; n < 32; ++n)
+        for (std::int64_t b0 = 0; b0 < kb; b0 += q4k_super_blocks)
+          quantize_q4k_super(W, g * 32 + n, n, b0, std::min(kb, b0 + q4k_super_blocks), group, kb);
+    }
+    return;
+  }
   for (std::int64_t g = row0 / 32; g < g1; ++g)
     for (std::int64_t b = 0; b < kb; ++b) {
       std::uint8_t* t = img + (g * kb + b) * tb;
@@ -645,8 +828,13 @@ float quant_image_value(QuantFormat f, const std::byte* image, std::int64_t out,
                         std::int64_t k) noexcept {
   (void)out;
   const std::int64_t kb = round_up(in, 32) / 32;
-  const auto* t = reinterpret_cast<const std::uint8_t*>(image) + ((n / 32) * kb + k / 32) * quant_tile_bytes(f);
-  return tile_scale(f, t, n % 32) * static_cast<float>(tile_q(f, t, n % 32, k % 32));
+  const auto* group = reinterpret_cast<const std::uint8_t*>(image) + (n / 32) * group_bytes(f, kb);
+  const std::uint8_t* t = group + (k / 32) * quant_tile_bytes(f);
+  const float q = static_cast<float>(tile_q(f, t, n % 32, k % 32));
+  if (f != QuantFormat::q4_k) return tile_scale(f, t, n % 32) * q;
+  float d, m;
+  q4k_block_dm(group, kb, k / 32, n % 32, d, m);
+  return d * q - m;
 }
 
 std::int64_t quant_activation_stride(std::int64_t in) noexcept {
@@ -778,19 +966,22 @@ void quant_range(QuantKernel k, QuantFormat f, const std::byte* image, std::int6
   n1 = std::min(n1, out);
   const auto* img = reinterpret_cast<const std::uint8_t*>(image);
 #if GDN_X86
-  if (k == QuantKernel::amx_int8 && rows >= amx_min_rows) {
+  // q4_k has no tile path: its per-block offsets would double the tile epilogue; VNNI runs it.
+  if (k == QuantKernel::amx_int8 && rows >= amx_min_rows && f != QuantFormat::q4_k) {
     if (f == QuantFormat::q8_0) amx_int8_range<QuantFormat::q8_0>(img, kb, out, n0, n1, x, rows, y, ldy);
     else amx_int8_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
     return;
   }
   if (k == QuantKernel::avx512vnni || k == QuantKernel::amx_int8) {
     if (f == QuantFormat::q8_0) vnni_range<QuantFormat::q8_0>(img, kb, out, n0, n1, x, rows, y, ldy);
-    else vnni_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    else if (f == QuantFormat::q4_0) vnni_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    else vnni_range<QuantFormat::q4_k>(img, kb, out, n0, n1, x, rows, y, ldy);
     return;
   }
   if (k == QuantKernel::avx2) {
     if (f == QuantFormat::q8_0) avx2_range<QuantFormat::q8_0>(img, kb, out, n0, n1, x, rows, y, ldy);
-    else avx2_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    else if (f == QuantFormat::q4_0) avx2_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    else avx2_range<QuantFormat::q4_k>(img, kb, out, n0, n1, x, rows, y, ldy);
     return;
   }
 #endif

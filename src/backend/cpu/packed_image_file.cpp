@@ -48,7 +48,8 @@ cpu::WeightImage layout_named(const std::string& name) {
   if (name == "amx_tiles") return cpu::WeightImage::amx_tiles;
   if (name == "q8_0") return cpu::WeightImage::q8_0;
   if (name == "q4_0") return cpu::WeightImage::q4_0;
-  throw Error(Status::invalid_argument, fmt::format("packed image layout '{}' is not panels, amx_tiles, q8_0 or q4_0", name));
+  if (name == "q4_k") return cpu::WeightImage::q4_k;
+  throw Error(Status::invalid_argument, fmt::format("packed image layout '{}' is not panels, amx_tiles, q8_0, q4_0 or q4_k", name));
 }
 
 struct Fd {
@@ -83,9 +84,10 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
   const cpu::WeightImage layout = options.layout.empty() ? cpu::load_layout(quant_params) : layout_named(options.layout);
   if (options.quant != WeightQuant::none && layout != cpu::load_layout(quant_params))
     throw Error(Status::invalid_argument, fmt::format("--layout {} does not go with --quant {}", options.layout, weight_quant_name(options.quant)));
-  // --layout q8_0 / q4_0 alone is that quant.
+  // --layout q8_0 / q4_0 / q4_k alone is that quant.
   if (layout == cpu::WeightImage::q8_0) quant_params.quant = WeightQuant::q8_0;
   if (layout == cpu::WeightImage::q4_0) quant_params.quant = WeightQuant::q4_0;
+  if (layout == cpu::WeightImage::q4_k) quant_params.quant = WeightQuant::q4_k;
   // A bf16 image has one layout; a quantised one the policy's lm_head format. (load_layouts throws
   // for an lm_head format without a quant.)
   const cpu::ImageLayouts quant_layouts = cpu::load_layouts(quant_params);

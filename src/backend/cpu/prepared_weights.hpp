@@ -99,12 +99,13 @@ inline WeightImage layout_of(const PreparedWeights& w, const Linear* p, const Im
 // The checkpoint name of each projection's weight (lm_head of a tied model: the embedding's), in
 // projections() order; empty for one the checkpoint does not name (a realigned copy).
 std::vector<std::string> projection_names(const PreparedWeights& w, const io::Checkpoint& ckpt);
-const char* weight_image_name(WeightImage layout) noexcept;  // "panels", "amx_tiles", "q8_0", "q4_0", "none"
+const char* weight_image_name(WeightImage layout) noexcept;  // "panels", "amx_tiles", "q8_0", "q4_0", "q4_k", "none"
 // The image layout of projections in `quant`: the quantisation's (every kernel reads it), else this
 // process's projection kernel's (none: it reads the weights in place).
 inline WeightImage load_layout(WeightQuant quant) noexcept {
   if (quant == WeightQuant::q8_0) return WeightImage::q8_0;
   if (quant == WeightQuant::q4_0) return WeightImage::q4_0;
+  if (quant == WeightQuant::q4_k) return WeightImage::q4_k;
   return weight_image_layout(linear_kernel());
 }
 // The image layout a load with these params reads for its projections.

@@ -1,5 +1,5 @@
 #pragma once
-// Block-quantised projection weights (q8_0, q4_0) and the integer dot-product kernels that read
+// Block-quantised projection weights (q8_0, q4_0, q4_k) and the integer dot-product kernels that read
 // them (src/backend/cpu/gemm_quant.cpp). docs/quantization.md is the format's specification.
 //
 // Formats. A weight [out, in] is cut into blocks of 32 consecutive input columns of one output
@@ -10,14 +10,25 @@
 //                          q = clamp(round(w / d), -8, 7)                4.5 bits per weight
 // rounding to nearest, ties to even, with d as stored (rounded to half) — so a block's largest
 // weight is exact up to d's rounding.
-//
+//   q4_k  (K-quant-like) a block stands for d · q − m, q ∈ [0, 15], with its own d ≥ 0 and m ≥ 0
+//         fitted to it: d = D · sc and m = M · mn, sc and mn 8-bit integers per block, D and M
+//         halves per row and super-block of 8 blocks (256 columns; fewer in a row's last one).
+//         4.625 bits per weight. The fit: a search over 21 candidate scales (15 ± 1 steps over the
+//         block's range [min(w, 0), max w]), each with its q refitted by weighted least squares
+//         (weights mean|w|² root + |w|, so large weights count more; m clamped at ≥ 0), the best by
+//         weighted squared error; then D = max d / 255, M = max m / 255 (halves), sc = round(d / D),
+//         mn = round(m / M), and q = clamp(round((w + M·mn) / (D·sc)), 0, 15) against the stored
+//         values. D·sc and M·mn are exact in float (11 × 8 significant bits).
 // Image layout (the order the kernels read; every kernel reads the same image). Output rows in
 // groups of 32, each group's blocks in increasing k; a (group, k block) tile is the 32 rows'
-// integers then their 32 half scales (row order):
+// integers then their 64 bytes of scales (row order):
 //   q8_0  1024 + 64 bytes: for each k quad g = 0..7, for each 16-row panel p = 0..1, 64 bytes in
-//         which byte 4n + j is row 16p + n, column 4g + j (int8)
+//         which byte 4n + j is row 16p + n, column 4g + j (int8); then 32 half d
 //   q4_0   512 + 64 bytes: for g = 0..3, p = 0..1, 64 bytes in which byte 4n + j holds row
-//         16p + n's columns 4g + j (low nibble) and 16 + 4g + j (high nibble), as q + 8
+//         16p + n's columns 4g + j (low nibble) and 16 + 4g + j (high nibble), as q + 8; then 32
+//         half d
+//   q4_k   512 + 64 bytes: the q4_0 layout with q itself (not q + 8) in the nibbles; then 32 sc
+//         bytes and 32 mn bytes; after a group's tiles, per super-block 32 half D then 32 half M
 // so a 64-byte load is 16 rows × 4 columns, the operand order of vpdpbusd, and a group of rows is
 // one sequential stream.
 //
@@ -26,7 +37,8 @@
 // (a relative error near 2⁻¹⁶ of the block's largest value: effectively 16-bit activations, so the
 // quantised model's error is the weights' own). An output is then
 //   y = Σ_blocks d · (s · (H + L / 254)),   H = Σ q·h,  L = Σ q·l  (exact int32 sums)
-// evaluated per block as t = fma(L, 1/254, H), v = t · s, acc = fma(d, v, acc), blocks in k order.
+// evaluated per block as t = fma(L, 1/254, H), v = t · s, acc = fma(d, v, acc), blocks in k order;
+// q4_k then takes its offset off the same block: z = fma(Σl, 1/254, Σh), acc = fma(−m, z · s, acc).
 // Every kernel (AVX-512 VNNI, AVX2, scalar) computes exactly these operations, so all of them give
 // bit-identical results, and a row's result never depends on the other rows of the call (batch
 // invariance: batched decode == single decode, bit for bit).
@@ -38,8 +50,9 @@
 
 namespace gdn::cpu {
 
-enum class QuantFormat { q8_0, q4_0 };
-// amx_int8: AVX-512 VNNI below 4 activation rows, AMX-INT8 tiles from 4 (bit-identical: exact sums).
+enum class QuantFormat { q8_0, q4_0, q4_k };
+// amx_int8: AVX-512 VNNI below 4 activation rows, AMX-INT8 tiles from 4 (bit-identical: exact sums;
+// q4_k always runs on VNNI there).
 enum class QuantKernel { scalar, avx2, avx512vnni, amx_int8 };
 
 constexpr std::int64_t quant_block = 32;  // weights per block (input columns), and rows per group
@@ -50,8 +63,10 @@ QuantKernel quant_kernel() noexcept;
 const char* quant_kernel_name(QuantKernel k) noexcept;
 bool quant_kernel_supported(QuantKernel k) noexcept;
 
-// Bytes of one (32-row group, k block) tile, and of a [out, in] weight's image.
+// Bytes of one (32-row group, k block) tile, of a group of `in` columns (its tiles and q4_k's
+// super-block scales), and of a [out, in] weight's image.
 std::int64_t quant_tile_bytes(QuantFormat f) noexcept;
+std::int64_t quant_group_bytes(QuantFormat f, std::int64_t in) noexcept;
 std::size_t quant_image_bytes(QuantFormat f, std::int64_t out, std::int64_t in) noexcept;
 
 // Quantises rows [row0, row1) of W (bf16, f16 or f32; row0 a multiple of 32, row1 one too or
