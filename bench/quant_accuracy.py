@@ -52,7 +52,8 @@ import peer  # noqa: E402  (convert, quantise, context: the same GGUFs and conte
 
 # (label, --quant, --lm-head-quant): the label is the key in the JSON and the table.
 GDN_QUANTS = [("q8_0", "q8_0", None), ("q4_0", "q4_0", None), ("q4_0, lm_head q4_0", "q4_0", "q4_0"),
-              ("q4_k", "q4_k", None), ("q4_k, lm_head q4_k", "q4_k", "q4_k")]
+              ("q4_k", "q4_k", None), ("q4_k, lm_head q4_k", "q4_k", "q4_k"),
+              ("q4_k_m", "q4_k_m", None), ("q4_k_m, lm_head q4_k", "q4_k_m", "q4_k")]
 # The lm_head's bits per weight under each (q4_0's default lm_head is q8_0).
 GDN_BITS = {"q8_0": (8.5, 8.5), "q4_0": (4.5, 8.5), "q4_0, lm_head q4_0": (4.5, 4.5),
             "q4_k": (4.625, 8.5), "q4_k, lm_head q4_k": (4.625, 4.625)}

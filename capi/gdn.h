@@ -207,20 +207,22 @@ typedef enum gdn_weight_placement {
 
 /* Block-quantised projections for the CPU backend (values equal gdn::WeightQuant; docs/quantization.md):
  * every bf16 projection in blocks of 32 with a half-precision scale (Q4_K: a fitted scale and offset per
- * block, K-quant-like). NONE: the checkpoint's bf16 values. Q8_0 (8.5 bits per weight), Q4_0 (4.5) and
- * Q4_K (4.625; added after 0.1.0) are read from MODEL_DIR/gdn-packed.<q8_0|q4_0|q4_k>.gdnimg
+ * block, K-quant-like). NONE: the checkpoint's bf16 values. Q8_0 (8.5 bits per weight), Q4_0 (4.5), Q4_K
+ * (4.625) and Q4_K_M (Q4_K with the projections llama.cpp's Q4_K_M gives more bits at Q8_0; both added
+ * after 0.1.0) are read from MODEL_DIR/gdn-packed.<q8_0|q4_0|q4_k|q4_k_m>.gdnimg
  * (gdn_packed_image_write_quant, `gdn pack --quant`) when it exists, else quantised at load; never in
  * place (IN_PLACE with a quant is INVALID_ARGUMENT). */
 typedef enum gdn_weight_quant {
     GDN_QUANT_NONE = 0,
     GDN_QUANT_Q8_0 = 1,
     GDN_QUANT_Q4_0 = 2,
-    GDN_QUANT_Q4_K = 3
+    GDN_QUANT_Q4_K = 3,
+    GDN_QUANT_Q4_K_M = 4
 } gdn_weight_quant;
 
 /* The lm_head's format under a quant (values equal gdn::LmHeadQuant): the output projection, or for tied
  * embeddings the quantised copy the logits (and the MTP head's) are computed with. AUTO (default): Q8_0
- * under Q4_0 and Q4_K (as llama.cpp keeps its output tensor at 6 bits or more; it halves Q4_0's logit
+ * under Q4_0, Q4_K and Q4_K_M (as llama.cpp keeps its output tensor at 6 bits or more; it halves Q4_0's logit
  * error on gdn-tiny), else the quant's format. Q8_0 / Q4_0 / Q4_K: that format (a 4-bit one under a 4-bit
  * quant: every projection at 4 bits). Another format than AUTO's is read from
  * MODEL_DIR/gdn-packed.<quant>.lm_head-<format>.gdnimg; an image whose lm_head is in another format is
@@ -280,8 +282,8 @@ GDN_API gdn_status gdn_model_get_weight_placement(const gdn_model *model, gdn_we
  * errors of gdn_model_load. */
 GDN_API gdn_status gdn_packed_image_write(const char *model_path, const char *out_path);
 
-/* The same for a quantised image (Q8_0, Q4_0, Q4_K; NONE is gdn_packed_image_write): out_path NULL writes
- * MODEL_DIR/gdn-packed.<q8_0|q4_0|q4_k>.gdnimg, where loading with that quant looks. Deterministic: the same
+/* The same for a quantised image (Q8_0, Q4_0, Q4_K, Q4_K_M; NONE is gdn_packed_image_write): out_path NULL
+ * writes MODEL_DIR/gdn-packed.<quant>.gdnimg, where loading with that quant looks. Deterministic: the same
  * checkpoint gives a byte-identical file. */
 GDN_API gdn_status gdn_packed_image_write_quant(const char *model_path, const char *out_path, gdn_weight_quant quant);
 

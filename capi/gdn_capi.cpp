@@ -318,6 +318,7 @@ gdn::WeightQuant to_quant(const gdn_weight_quant& q) {
     case GDN_QUANT_Q8_0: return gdn::WeightQuant::q8_0;
     case GDN_QUANT_Q4_0: return gdn::WeightQuant::q4_0;
     case GDN_QUANT_Q4_K: return gdn::WeightQuant::q4_k;
+    case GDN_QUANT_Q4_K_M: return gdn::WeightQuant::q4_k_m;
     default: invalid("quant " + std::to_string(enum_int(q)) + " is not a gdn_weight_quant");
   }
   return gdn::WeightQuant::none;

@@ -132,7 +132,7 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
     if (s.projection && e.dtype == DType::bf16) {
       bf16.push_back(&s);
       plan.packed_bytes +=
-          static_cast<std::int64_t>(cpu::weight_image_elements(s.lm_head ? layouts.lm_head : layout, s.shape[0], s.shape[1]) * 2);
+          static_cast<std::int64_t>(cpu::weight_image_elements(cpu::layout_of(s, layouts), s.shape[0], s.shape[1]) * 2);
     } else if (s.projection) {
       other_in_place += s.alias ? 0 : e.bytes;  // f16 / f32 projections are always read in place
     } else if (s.shape.size() == 2) {
@@ -177,7 +177,7 @@ void plan_cpu_weights(const std::string& dir, const std::vector<ModelTensor>& te
         const auto it = by_name.find(s->name);
         if (it == by_name.end() || it->second->rows != s->shape[0] || it->second->cols != s->shape[1])
           throw Error(Status::invalid_file, fmt::format("{}: the image holds no '{}' of the model's shape", path, s->name));
-        const char* want = cpu::weight_image_name(s->lm_head ? layouts.lm_head : layout);
+        const char* want = cpu::weight_image_name(cpu::layout_of(*s, layouts));
         if (it->second->encoding != want)
           throw Error(Status::invalid_file, fmt::format("{}: the image's '{}' is {}, loading reads it as {}", path, s->name,
                                                         it->second->encoding, want));

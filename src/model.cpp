@@ -42,6 +42,7 @@ const char* weight_quant_name(WeightQuant q) noexcept {
     case WeightQuant::q8_0: return "q8_0";
     case WeightQuant::q4_0: return "q4_0";
     case WeightQuant::q4_k: return "q4_k";
+    case WeightQuant::q4_k_m: return "q4_k_m";
   }
   return "?";
 }
@@ -51,8 +52,13 @@ WeightQuant parse_weight_quant(std::string_view name) {
   if (name == "q8_0" || name == "q8") return WeightQuant::q8_0;
   if (name == "q4_0" || name == "q4") return WeightQuant::q4_0;
   if (name == "q4_k") return WeightQuant::q4_k;
+  if (name == "q4_k_m") return WeightQuant::q4_k_m;
   throw Error(Status::invalid_argument,
-              fmt::format("quantisation '{}' is not one of none, q8_0 (q8), q4_0 (q4), q4_k", name.substr(0, 64)));
+              fmt::format("quantisation '{}' is not one of none, q8_0 (q8), q4_0 (q4), q4_k, q4_k_m", name.substr(0, 64)));
+}
+
+bool quant_more_bits_layer(int layer, int layers) noexcept {
+  return layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
 }
 
 const char* lm_head_quant_name(LmHeadQuant q) noexcept {
@@ -81,7 +87,7 @@ WeightQuant lm_head_weight_quant(WeightQuant quant, LmHeadQuant lm_head) {
   if (quant == WeightQuant::none) {
     if (lm_head != LmHeadQuant::automatic)
       throw Error(Status::invalid_argument,
-                  fmt::format("lm_head_quant {} needs a quant (q8_0, q4_0 or q4_k): without one every projection, the lm_head "
+                  fmt::format("lm_head_quant {} needs a quant (q8_0, q4_0, q4_k or q4_k_m): without one every projection, the lm_head "
                               "included, is read as the checkpoint stores it",
                               lm_head_quant_name(lm_head)));
     return WeightQuant::none;
@@ -90,8 +96,8 @@ WeightQuant lm_head_weight_quant(WeightQuant quant, LmHeadQuant lm_head) {
   if (lm_head == LmHeadQuant::q4_0) return WeightQuant::q4_0;
   if (lm_head == LmHeadQuant::q4_k) return WeightQuant::q4_k;
   // automatic: the 4-bit lm_head is most of q4_0's logit error (docs/quantization.md), so it stays
-  // at 8 bits, as in llama.cpp's Q4_0 and Q4_K_M (Q6_K there); likewise under q4_k.
-  return quant == WeightQuant::q4_0 || quant == WeightQuant::q4_k ? WeightQuant::q8_0 : quant;
+  // at 8 bits, as in llama.cpp's Q4_0 and Q4_K_M (Q6_K there); likewise under q4_k and q4_k_m.
+  return quant == WeightQuant::q8_0 ? quant : WeightQuant::q8_0;
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "gdn/core/error.hpp"
+#include "gdn/model/model.hpp"
 #include "gdn/io/safetensors.hpp"
 
 namespace gdn {
@@ -159,11 +160,15 @@ std::vector<const LinearWeight*> ModelWeights::projections(bool include_mtp) con
 
 namespace {
 
-void layer_specs(const ModelConfig& c, const std::string& p, LayerKind kind, std::vector<TensorSpec>& out) {
+// more_bits: a decoder layer q4_k_m gives more bits (quant_more_bits_layer): its attention v_proj,
+// GDN in_proj_qkv / in_proj_qkvz and MLP down_proj are marked (cpu::more_bits_projection agrees).
+void layer_specs(const ModelConfig& c, const std::string& p, LayerKind kind, std::vector<TensorSpec>& out, bool more_bits = false) {
   const std::int64_t H = c.hidden_size, Hv = c.linear_num_value_heads;
   const auto vec = [&](const std::string& n, std::int64_t d) { out.push_back({p + n, {d}, false, false}); };
   const auto mat = [&](const std::string& n, std::int64_t rows, std::int64_t cols) {
-    out.push_back({p + n, {rows, cols}, true, false});
+    const bool more = more_bits && (n == "self_attn.v_proj.weight" || n == "linear_attn.in_proj_qkv.weight" ||
+                                    n == "linear_attn.in_proj_qkvz.weight" || n == "mlp.down_proj.weight");
+    out.push_back({p + n, {rows, cols}, true, false, false, more});
   };
   vec("input_layernorm.weight", H);
   vec("post_attention_layernorm.weight", H);
@@ -202,7 +207,8 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c, const std::stri
   const std::int64_t V = c.vocab_size, H = c.hidden_size;
   out.push_back({prefix + "embed_tokens.weight", {V, H}, false, false});
   for (int i = 0; i < c.num_layers; ++i)
-    layer_specs(c, fmt::format("{}layers.{}.", prefix, i), c.layer_types[static_cast<std::size_t>(i)], out);
+    layer_specs(c, fmt::format("{}layers.{}.", prefix, i), c.layer_types[static_cast<std::size_t>(i)], out,
+                quant_more_bits_layer(i, c.num_layers));
   out.push_back({prefix + "norm.weight", {H}, false, false});
   if (c.tie_word_embeddings) out.push_back({prefix + "embed_tokens.weight", {V, H}, true, true, true});
   else out.push_back({"lm_head.weight", {V, H}, true, false, true});

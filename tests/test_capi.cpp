@@ -245,6 +245,8 @@ TEST_CASE("the lm_head's quantised format through C", "[capi][fixtures][quant]")
   REQUIRE(gdn_packed_image_write_params(path.c_str(), nullptr, &wp) == GDN_STATUS_OK);
   CHECK(std::filesystem::exists(path + "/gdn-packed.q4_k.gdnimg"));
   CHECK(same(run(GDN_QUANT_Q4_K, GDN_LM_HEAD_QUANT_AUTO, full, GDN_WEIGHTS_IMAGE), q4k));
+  // Q4_K_M: Q4_K with 8-bit projections where llama.cpp's Q4_K_M gives more bits: other logits again.
+  CHECK_FALSE(same(run(GDN_QUANT_Q4_K_M, GDN_LM_HEAD_QUANT_AUTO, full, GDN_WEIGHTS_PACKED), q4k));
   // The image of the other policy, named explicitly, is refused (never read as this one).
   gdn_model_params mp = gdn_model_default_params();
   mp.quant = GDN_QUANT_Q4_0;

@@ -256,8 +256,8 @@ TEST_CASE("gdn doctor passes on the trained tiny model, value-head pairing measu
 // A quantised model is still the same GDN model: every identity holds (the quantised kernels are
 // deterministic and batch-invariant), the trained model still pairs value heads grouped and does
 // not degenerate, at either format.
-TEST_CASE("gdn doctor passes on the quantised models (q8_0, q4_0, q4_k)", "[doctor][quant]") {
-  for (const WeightQuant q : {WeightQuant::q8_0, WeightQuant::q4_0, WeightQuant::q4_k}) {
+TEST_CASE("gdn doctor passes on the quantised models (q8_0, q4_0, q4_k, q4_k_m)", "[doctor][quant]") {
+  for (const WeightQuant q : {WeightQuant::q8_0, WeightQuant::q4_0, WeightQuant::q4_k, WeightQuant::q4_k_m}) {
     for (const std::string& dir : {test::fixture_model("qwen35_cond_mtp"), test::fixture_model("qwen3next_dense"), tiny_model()}) {
       if (dir == tiny_model() && !have_tiny()) continue;
       DoctorOptions o = quick();

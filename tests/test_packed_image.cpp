@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "gdn/io/safetensors.hpp"
 #include "gdn/model/memory_plan.hpp"
 #include "gdn/model/packed_image.hpp"
+#include "gdn/model/weights.hpp"
 #include "random_checkpoint.hpp"
 #include "test_util.hpp"
 
@@ -245,5 +247,48 @@ TEST_CASE("quantised images per lm_head policy: own file, encodings recorded, de
       }
       CHECK(sizes[0] > sizes[1]);  // the q8_0 lm_head is larger
     }
+  }
+}
+
+// q4_k_m: the projections llama.cpp's Q4_K_M gives more bits (TensorSpec::more_bits) are q8_0 in
+// the image, the rest q4_k; the plan counts what loading maps; mapped == packed.
+TEST_CASE("q4_k_m image: its 8-bit projections are the ones the policy names", "[image][quant]") {
+  for (const char* fixture : {"qwen35_cond_mtp", "qwen3next_dense"}) {
+    INFO("fixture " << fixture);
+    test::TempDir dir("image_q4_k_m");
+    const fs::path copy = fs::path(dir.str()) / fixture;
+    fs::copy(test::fixture_model(fixture), copy, fs::copy_options::recursive);
+    PackImageOptions o;
+    o.quant = WeightQuant::q4_k_m;
+    const PackImageResult r = write_packed_image(copy.string(), o);
+    CHECK(fs::path(r.path).filename() == "gdn-packed.q4_k_m.gdnimg");
+    const PackedImageHeader h = read_packed_image_header(r.path);
+    CHECK(h.weight_encoding == "q4_k");
+    ModelParams mp;
+    mp.quant = WeightQuant::q4_k_m;
+    mp.weights = WeightPlacement::image;
+    const auto mapped = Model::load(copy.string(), mp);
+    std::set<std::string> more;
+    int layers_with_more = 0;
+    for (int i = 0; i < mapped->config().num_layers; ++i) layers_with_more += quant_more_bits_layer(i, mapped->config().num_layers);
+    for (const auto& spec : model_tensor_specs(mapped->config(), mapped->weights().prefix, true))
+      if (spec.more_bits) more.insert(spec.name);
+    CHECK(layers_with_more > 0);
+    CHECK(static_cast<int>(more.size()) == 2 * layers_with_more);  // the v_proj or in_proj_qkv(z), and down_proj
+    for (const auto& t : h.tensors) {
+      INFO(t.name << " " << t.encoding);
+      const bool lm_head = t.name.find(mapped->config().tie_word_embeddings ? "embed_tokens" : "lm_head") != std::string::npos;
+      CHECK(t.encoding == (more.count(t.name) || lm_head ? "q8_0" : "q4_k"));
+    }
+    CHECK(plan_memory(copy.string(), ContextParams{}, mp).packed_bytes == static_cast<std::int64_t>(mapped->packed_bytes()));
+    mp.weights = WeightPlacement::packed;
+    const auto packed = Model::load(copy.string(), mp);
+    CHECK(same_bits(logits_of(mapped), logits_of(packed)));
+    // A q4_k image is not a q4_k_m one: refused, naming the first tensor that differs.
+    o.quant = WeightQuant::q4_k;
+    const PackImageResult plain = write_packed_image(copy.string(), o);
+    mp.weights = WeightPlacement::image;
+    mp.packed_image = plain.path;
+    CHECK_THROWS_WITH(Model::load(copy.string(), mp), Catch::Contains("is q4_k, and this load reads it as q8_0"));
   }
 }

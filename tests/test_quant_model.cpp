@@ -79,15 +79,33 @@ bool is_projection(const std::string& name, const test::TensorData& t) {
   return t.shape.size() == 2 && name.find("embed_tokens") == std::string::npos && name.find("visual.") == std::string::npos;
 }
 
+// q4_k_m's projections at q8_0, restated: in decoder layer i of n with i < n/8, i ≥ 7n/8 or
+// (i − n/8) mod 3 = 2 (llama.cpp's Q4_K_M rule), the attention v_proj, GDN in_proj_qkv and MLP
+// down_proj (not the MTP head's).
+bool more_bits(const std::string& name, int layers) {
+  std::size_t at = std::string::npos;
+  for (const std::string prefix : {"model.layers.", "model.language_model.layers."})
+    if (name.starts_with(prefix)) at = prefix.size();
+  if (at == std::string::npos) return false;
+  const int i = std::stoi(name.substr(at));
+  const bool layer = i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
+  return layer && (name.ends_with("self_attn.v_proj.weight") || name.ends_with("linear_attn.in_proj_qkv.weight") ||
+                   name.ends_with("linear_attn.in_proj_qkvz.weight") || name.ends_with("mlp.down_proj.weight"));
+}
+
 // `src` with every projection replaced by its dequantised values, as float32, in `dst`: the
-// lm_head (an untied checkpoint's lm_head.weight) at `lm_head`, the rest at `q`.
+// lm_head (an untied checkpoint's lm_head.weight) at `lm_head`, the rest at `q` (q4_k_m: q4_k, and
+// q8_0 where it gives more bits).
 int write_dequantized(const std::string& src, const std::string& dst, WeightQuant q, WeightQuant lm_head) {
   test::TensorMap tensors = test::read_tensors(src);
+  const nlohmann::json config = test::read_config(src);
+  const int layers = config.value("text_config", config)["num_hidden_layers"].get<int>();
   int n = 0;
   for (auto& [name, t] : tensors) {
     if (!is_projection(name, t)) continue;
     std::vector<float> v = t.floats();
-    const WeightQuant f = name == "lm_head.weight" ? lm_head : q;
+    const WeightQuant base = q == WeightQuant::q4_k_m ? (more_bits(name, layers) ? WeightQuant::q8_0 : WeightQuant::q4_k) : q;
+    const WeightQuant f = name == "lm_head.weight" ? lm_head : base;
     for (std::int64_t r = 0; r < t.shape[0]; ++r) quantize_row(f, v.data() + r * t.shape[1], t.shape[1]);
     t.dtype = DType::f32;
     t.bytes.resize(v.size() * sizeof(float));
@@ -147,7 +165,8 @@ constexpr Policy policies[] = {{WeightQuant::q8_0, LmHeadQuant::automatic, Weigh
                                {WeightQuant::q4_0, LmHeadQuant::automatic, WeightQuant::q8_0},
                                {WeightQuant::q4_0, LmHeadQuant::q4_0, WeightQuant::q4_0},
                                {WeightQuant::q4_k, LmHeadQuant::automatic, WeightQuant::q8_0},
-                               {WeightQuant::q4_k, LmHeadQuant::q4_k, WeightQuant::q4_k}};
+                               {WeightQuant::q4_k, LmHeadQuant::q4_k, WeightQuant::q4_k},
+                               {WeightQuant::q4_k_m, LmHeadQuant::automatic, WeightQuant::q8_0}};
 std::string policy_name(const Policy& p) {
   return fmt::format("{} (lm_head {})", weight_quant_name(p.quant), weight_quant_name(p.lm_head_format));
 }
@@ -200,7 +219,8 @@ constexpr FormatBound format_bounds[] = {{WeightQuant::q8_0, LmHeadQuant::automa
                                          {WeightQuant::q4_0, LmHeadQuant::automatic, 10.0, 1.5},
                                          {WeightQuant::q4_0, LmHeadQuant::q4_0, 10.0, 1.5},
                                          {WeightQuant::q4_k, LmHeadQuant::automatic, 10.0, 1.5},
-                                         {WeightQuant::q4_k, LmHeadQuant::q4_k, 10.0, 1.5}};
+                                         {WeightQuant::q4_k, LmHeadQuant::q4_k, 10.0, 1.5},
+                                         {WeightQuant::q4_k_m, LmHeadQuant::automatic, 10.0, 1.5}};
 
 TEST_CASE("quantisation error against the float logits of every fixture, bounded", "[quant][fixtures]") {
   for (const std::string name : {"qwen35_tied", "qwen35_cond_mtp", "qwen35_f32params", "qwen3next_dense"}) {
@@ -258,8 +278,9 @@ TEST_CASE("quantisation error on the trained model's logits, bounded", "[quant][
                         {WeightQuant::q4_0, LmHeadQuant::automatic, 0.3, 0.05},
                         {WeightQuant::q4_0, LmHeadQuant::q4_0, 0.4, 0.08},
                         {WeightQuant::q4_k, LmHeadQuant::automatic, 0.3, 0.05},
-                        {WeightQuant::q4_k, LmHeadQuant::q4_k, 0.4, 0.08}};
-  double q4_rms[2] = {}, q4k_rms[2] = {};
+                        {WeightQuant::q4_k, LmHeadQuant::q4_k, 0.4, 0.08},
+                        {WeightQuant::q4_k_m, LmHeadQuant::automatic, 0.3, 0.05}};
+  double q4_rms[2] = {}, q4k_rms[2] = {}, q4km_rms = 0.0;
   for (const Case& c : cases) {
     ModelParams mp;
     mp.quant = c.q;
@@ -283,6 +304,7 @@ TEST_CASE("quantisation error on the trained model's logits, bounded", "[quant][
     const double mean_rms = std::sqrt(sum_sq / static_cast<double>(ids.size()));
     if (c.q == WeightQuant::q4_0) q4_rms[c.lm_head == LmHeadQuant::q4_0] = mean_rms;
     if (c.q == WeightQuant::q4_k) q4k_rms[c.lm_head == LmHeadQuant::q4_k] = mean_rms;
+    if (c.q == WeightQuant::q4_k_m) q4km_rms = mean_rms;
     WARN(fmt::format("gdn-tiny {} (lm_head {}) vs float: max {:.3g}, RMS {:.3g} (relative to the logits' RMS; bounds {}, {}); "
                      "greedy token changed at {} of {} positions",
                      weight_quant_name(c.q), weight_quant_name(lm_head_weight_quant(c.q, c.lm_head)), worst, worst_rms,
@@ -298,4 +320,6 @@ TEST_CASE("quantisation error on the trained model's logits, bounded", "[quant][
   // The fitted format is the more accurate 4-bit one, policy for policy.
   CHECK(q4k_rms[0] < q4_rms[0]);
   CHECK(q4k_rms[1] < q4_rms[1]);
+  // q4_k_m's 8-bit projections buy accuracy over q4_k.
+  CHECK(q4km_rms < 0.95 * q4k_rms[0]);
 }

@@ -180,17 +180,17 @@ TEST_CASE("trained model: greedy MTP speculative decoding changes no token; acce
 }
 
 // Block-quantised weights (docs/quantization.md) on the one trained checkpoint: held-out exact-match
-// accuracy at q8_0, q4_0 and q4_k (their default lm_head at q8_0, and every projection at 4 bits) within 1%
+// accuracy at q8_0, q4_0, q4_k and q4_k_m (their default lm_head at q8_0, and every projection at 4 bits) within 1%
 // of the float model's (at least 99% of it), and MTP acceptance (k = 1) within 0.03 of float — the
 // quantised MTP head still drafts what the quantised trunk takes.
-TEST_CASE("trained model quantised (q8_0, q4_0, q4_k): held-out accuracy and MTP acceptance against float", "[tiny][quant]") {
+TEST_CASE("trained model quantised (q8_0, q4_0, q4_k, q4_k_m): held-out accuracy and MTP acceptance against float", "[tiny][quant]") {
   // The float figures: transformers' recorded ones, which the float model equals (the parity and
   // MTP test cases above), so they are not run again here.
   std::ifstream in(model_dir + "/eval/mtp_acceptance.json");
   const MtpResult mf{nlohmann::json::parse(in)["results"]["1"]["acceptance_rate"].get<double>(), 0.0, 0};
   for (const auto& [q, lm_head] : {std::pair{WeightQuant::q8_0, LmHeadQuant::automatic}, std::pair{WeightQuant::q4_0, LmHeadQuant::automatic},
                                    std::pair{WeightQuant::q4_0, LmHeadQuant::q4_0}, std::pair{WeightQuant::q4_k, LmHeadQuant::automatic},
-                                   std::pair{WeightQuant::q4_k, LmHeadQuant::q4_k}}) {
+                                   std::pair{WeightQuant::q4_k, LmHeadQuant::q4_k}, std::pair{WeightQuant::q4_k_m, LmHeadQuant::automatic}}) {
     const HeldoutResult r = run_heldout(MatmulInput::float32, q, DType::f32, lm_head);
     const double acc = static_cast<double>(r.ours_correct) / r.prompts, acc_f = static_cast<double>(r.hf_correct) / r.prompts;
     const MtpResult m = run_mtp(1, q, lm_head);

@@ -363,9 +363,9 @@ PYBIND11_MODULE(gdn, m) {
           "pack_weights=False is weights='in_place'. packed_image: the image file to look for (default "
           "MODEL_DIR/gdn-packed.<layout>.gdnimg, what gdn.pack writes). "
           "backend: whose form of the weights to make now (gdn.Backend.cuda: upload them to `device`). "
-          "quant: 'none', 'q8_0', 'q4_0' or 'q4_k' (block-quantised projections, docs/quantization.md: the image gdn.pack(..., "
+          "quant: 'none', 'q8_0', 'q4_0', 'q4_k' or 'q4_k_m' (block-quantised projections, docs/quantization.md: the image gdn.pack(..., "
           "quant=) wrote, else quantised at load). lm_head_quant: the lm_head's format under quant: 'auto' (q8_0 "
-          "under q4_0 and q4_k, else quant's), 'q8_0', 'q4_0' or 'q4_k' (another than auto's has its own image, "
+          "under the 4-bit quants, else quant's), 'q8_0', 'q4_0' or 'q4_k' (another than auto's has its own image, "
           "MODEL_DIR/gdn-packed.<quant>.lm_head-<format>.gdnimg).")
       .def_property_readonly("weights",
                              [](const ModelHandle& pm) {
@@ -706,8 +706,8 @@ PYBIND11_MODULE(gdn, m) {
       },
       "path"_a, "out"_a = py::none(), "quant"_a = "none", "lm_head_quant"_a = "auto",
       "Writes the packed weight image of a checkpoint (`gdn pack`); later loads map it instead of packing the weights. "
-      "quant 'q8_0' / 'q4_0' / 'q4_k': the block-quantised image that Model.load(..., quant=, lm_head_quant=) maps; "
-      "lm_head_quant: the lm_head's format ('auto': q8_0 under q4_0 and q4_k).");
+      "quant 'q8_0' / 'q4_0' / 'q4_k' / 'q4_k_m': the block-quantised image that Model.load(..., quant=, lm_head_quant=) maps; "
+      "lm_head_quant: the lm_head's format ('auto': q8_0 under the 4-bit quants).");
 
   // --- gdn doctor ---------------------------------------------------------------------------
   m.def(

@@ -128,6 +128,7 @@ def test_quantised_lm_head_policy(tmp_path):
     assert not np.array_equal(q4k, auto)
     assert gdn.pack(d, quant="q4_k")["path"].endswith("gdn-packed.q4_k.gdnimg")
     assert np.array_equal(prefill(small_context(gdn.Model.load(d, quant="q4_k", weights="image")), tokens), q4k)
+    assert not np.array_equal(prefill(small_context(gdn.Model.load(d, quant="q4_k_m", weights="pack")), tokens), q4k)
 
 
 def test_bf16_matmul_inputs_stay_near_the_float32_reference():

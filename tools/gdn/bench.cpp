@@ -561,7 +561,7 @@ int usage() {
       "                 [--decode-tokens N] [--prompt-tokens N] [--batches 1,2,4,...] [--contexts 512,4096,...] [--kv-dtypes f32,bf16]\n"
       "                 [--stream-mib N] [--quick] [--json FILE] [--peer-python PY] [--peer-script FILE]\n"
       "                 [--peer-args 'ARGS'] [--rounds N] [--weights auto|pack|image|in-place] [--in-place]\n"
-      "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N] [--quant q8_0|q4_0|q4_k]\n"
+      "                 [--image-path FILE] [--load-modes in-place,pack,image] [--sparse] [--shards N] [--quant q8_0|q4_0|q4_k|q4_k_m]\n"
       "                 [--lm-head-quant auto|q8_0|q4_0|q4_k]\n"
       "                 [--float32-only] [--context-rounds N]\n"
       "  --quick        a few seconds: 1 run, 4 decode tokens, 64-token prompt, batches 1,4, context 512, no load section\n"

@@ -1,5 +1,5 @@
 // gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--state-dtype f32|bf16] [--backend cpu|cuda] [--fault NAME]...
-//            [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k]   (the CPU backend's weights; CUDA uploads its own copy)
+//            [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k]   (the CPU backend's weights; CUDA uploads its own copy)
 //
 // Self-check of a checkpoint and of this engine on it (include/gdn/diagnostics/doctor.hpp): prints
 // PASS / WARN / FAIL / SKIP per check with the measured figure, or the report as JSON on stdout
@@ -23,7 +23,7 @@ namespace gdn::cli {
 int doctor(int argc, char** argv) {
   const auto usage = [] {
     std::fputs("usage: gdn doctor MODEL_DIR [--json] [--quick] [--threads N] [--state-dtype f32|bf16] "
-               "[--backend cpu|cuda] [--fault drop-conv-state|tiled-value-heads] [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k]\n", stderr);
+               "[--backend cpu|cuda] [--fault drop-conv-state|tiled-value-heads] [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k]\n", stderr);
     return 2;
   };
   if (argc < 1) return usage();

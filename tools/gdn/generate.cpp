@@ -2,7 +2,7 @@
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--max-tokens N]
 //              [--stop STRING]... [--mtp K] [--threads N] [--bf16-inputs] [--state-dtype f32|bf16]
 //              [--kv-dtype f32|bf16] [--backend cpu|cuda]
-//              [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k]   (the CPU backend's weights; CUDA uploads its own copy)
+//              [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k]   (the CPU backend's weights; CUDA uploads its own copy)
 //
 // Streams the generated text to stdout as it is produced; the model-loading progress bar and the
 // prefill / decode speeds go to stderr, so stdout is clean text.
@@ -35,7 +35,7 @@ int usage() {
       "                    [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
       "                    [--seed S] [--max-tokens N] [--stop STRING]... [--mtp K] [--threads N]\n"
       "                    [--bf16-inputs] [--state-dtype f32|bf16] [--kv-dtype f32|bf16] [--backend cpu|cuda]\n"
-      "                    [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k]\n"
+      "                    [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k]\n"
       "  --chat      wrap the prompt in the model's chat template (stops at <|im_end|>)\n"
       "  --think     with --chat, leave thinking on (default: off)\n"
       "  --temp 0    greedy (the default); > 0 samples\n"

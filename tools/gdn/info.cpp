@@ -1,6 +1,6 @@
 // gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--kv-dtype f32|bf16] [--backend cpu|cuda]
 //                   [--max-batch-tokens N] [--max-rollback-tokens N] [--threads N]
-//                   [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k] [--json]
+//                   [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k] [--json]
 //
 // The architecture, the parameters and bytes by dtype, and the memory plan for the given context
 // parameters (gdn/model/memory_plan.hpp), from config.json and the safetensors headers alone: no
@@ -38,7 +38,7 @@ int info(int argc, char** argv) {
   const auto usage = [] {
     std::fputs("usage: gdn info MODEL_DIR [--max-sequences N] [--max-context N] [--state-dtype f32|bf16] [--kv-dtype f32|bf16]\n"
                "                [--backend cpu|cuda] [--max-batch-tokens N] [--max-rollback-tokens N] [--threads N]\n"
-               "                [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k] [--json]\n",
+               "                [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k] [--json]\n",
                stderr);
     return 2;
   };

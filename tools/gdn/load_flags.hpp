@@ -5,9 +5,9 @@
 // Without one, loading decides: a packed image when there is a valid one (MODEL_DIR/
 // gdn-packed.<layout>.gdnimg, or the --image FILE), else packing when it fits the memory available,
 // else in place; an image that is refused (stale, foreign, truncated, corrupt) is named in one line
-// on stderr and the checkpoint is used instead. --quant q8_0|q4_0|q4_k reads block-quantised projections
+// on stderr and the checkpoint is used instead. --quant q8_0|q4_0|q4_k|q4_k_m reads block-quantised projections
 // (docs/quantization.md): the image `gdn pack MODEL_DIR --quant Q` wrote, else quantised at load;
-// --lm-head-quant auto|q8_0|q4_0|q4_k the lm_head's format under it (auto: q8_0 under q4_0 and q4_k).
+// --lm-head-quant auto|q8_0|q4_0|q4_k the lm_head's format under it (auto: q8_0 under the 4-bit quants).
 
 #include <string_view>
 
@@ -16,7 +16,7 @@
 namespace gdn::cli {
 
 inline constexpr const char* load_flags_usage =
-    "[--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k]";
+    "[--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k]";
 
 // Consumes argv[i] (and its value) when it is one of the flags; false otherwise.
 inline bool parse_load_flag(int argc, char** argv, int& i, ModelParams& mp) {

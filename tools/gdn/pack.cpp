@@ -1,4 +1,4 @@
-// gdn pack MODEL_DIR [--out FILE] [--layout panels|amx_tiles] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k] [--threads N]
+// gdn pack MODEL_DIR [--out FILE] [--layout panels|amx_tiles] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k] [--threads N]
 //
 // Writes the packed CPU weight image of a checkpoint once (gdn/model/packed_image.hpp): the bf16
 // projections in the order this machine's projection kernel reads them. Every later load of the
@@ -24,12 +24,12 @@ namespace gdn::cli {
 
 int pack(int argc, char** argv) {
   const auto usage = [] {
-    std::fputs("usage: gdn pack MODEL_DIR [--out FILE] [--layout panels|amx_tiles] [--quant q8_0|q4_0|q4_k]\n"
+    std::fputs("usage: gdn pack MODEL_DIR [--out FILE] [--layout panels|amx_tiles] [--quant q8_0|q4_0|q4_k|q4_k_m]\n"
                "                [--lm-head-quant auto|q8_0|q4_0|q4_k] [--threads N]\n"
                "  writes the packed weight image that loading maps instead of packing the weights\n"
                "  (default FILE: MODEL_DIR/gdn-packed.<layout>.gdnimg, found by loading without flags);\n"
                "  --quant: the block-quantised image (MODEL_DIR/gdn-packed.<quant>.gdnimg, found by --quant);\n"
-               "  --lm-head-quant: the lm_head's format under --quant (auto: q8_0 under q4_0, q4_k; another than auto's\n"
+               "  --lm-head-quant: the lm_head's format under --quant (auto: q8_0 under the 4-bit quants; another than auto's\n"
                "  goes to MODEL_DIR/gdn-packed.<quant>.lm_head-<format>.gdnimg, found by the same flags)\n",
                stderr);
     return 2;

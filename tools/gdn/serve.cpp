@@ -55,7 +55,7 @@ int usage() {
       "                 [--cache-interval 512] [--mtp K [--mtp-fixed]] [--step-tokens 256] [--threads N] [--backend cpu|cuda]\n"
       "                 [--device N] [--max-body-bytes 8M] [--shutdown-timeout 10] [--http-threads N]\n"
       "                 [--state-dtype f32|bf16] [--kv-dtype f32|bf16]   the context's state and KV cache element types\n"
-      "                 [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k]   where the CPU backend reads the weights (gdn pack)\n"
+      "                 [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k]   where the CPU backend reads the weights (gdn pack)\n"
       "  --port 0           pick a free port (printed on stdout: 'listening on http://HOST:PORT')\n"
       "  --cache-bytes B    memory for the prefix cache (snapshots and the KV pages they keep); 0 disables it\n"
       "  --mtp K            MTP speculative decoding with up to K drafts per round, where measured to pay\n"

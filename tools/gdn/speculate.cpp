@@ -1,5 +1,5 @@
 // gdn speculate MODEL_DIR [--prompts FILE] [--max-tokens N] [--k K]... [--repeats R] [--no-eos] [--fixed]
-//                         [--threads N] [--json] [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k]
+//                         [--threads N] [--json] [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k]
 //
 // Measures MTP speculative decoding against plain decoding on the same prompts, greedy: checks that
 // the tokens are identical, and reports per k the draft acceptance rate, tokens per main-model step
@@ -45,7 +45,7 @@ double quantile(std::vector<double> v, double q) {
 int speculate(int argc, char** argv) {
   if (argc < 1) {
     std::fputs("usage: gdn speculate MODEL_DIR [--prompts FILE] [--max-tokens N] [--k K]... [--repeats R] [--no-eos] [--fixed]\n"
-               "                     [--threads N] [--json] [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k] [--lm-head-quant auto|q8_0|q4_0|q4_k]\n",
+               "                     [--threads N] [--json] [--pack | --in-place | --image FILE] [--quant q8_0|q4_0|q4_k|q4_k_m] [--lm-head-quant auto|q8_0|q4_0|q4_k]\n",
                stderr);
     return 2;
   }

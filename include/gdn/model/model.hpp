@@ -51,20 +51,27 @@ const char* weight_placement_name(WeightPlacement p) noexcept;  // "automatic", 
 //   q4_0  4-bit values and a half scale per block, 4.5 bits per weight
 //   q4_k  4-bit values with a fitted scale and offset per block (8-bit, of half super-block scales
 //         per 256 columns; K-quant-like), 4.625 bits per weight: the more accurate 4-bit format
+//   q4_k_m q4_k, but the projections llama.cpp's Q4_K_M gives more bits at q8_0: in the layers
+//         quant_more_bits_layer names, the attention v_proj, the GDN in_proj_qkv (in_proj_qkvz)
+//         and the MLP down_proj
 // The CPU backend reads them from a quantised image: packed at load, or mapped from the file
 // `gdn pack --quant` writes (DIR/gdn-packed.<quant>.gdnimg, looked for first; another lm_head
 // format than the automatic one has its own name, see default_packed_image_path). A quantised model
 // cannot be read in place (WeightPlacement::in_place is refused) and its logits are not the
 // checkpoint's (docs/quantization.md states what is measured so far).
-enum class WeightQuant : int { none = 0, q8_0 = 1, q4_0 = 2, q4_k = 3 };
-const char* weight_quant_name(WeightQuant q) noexcept;  // "none", "q8_0", "q4_0", "q4_k"
-// "none" / "bf16", "q8_0" / "q8", "q4_0" / "q4", "q4_k"; throws gdn::Error(invalid_argument) naming the rest.
+enum class WeightQuant : int { none = 0, q8_0 = 1, q4_0 = 2, q4_k = 3, q4_k_m = 4 };
+const char* weight_quant_name(WeightQuant q) noexcept;  // "none", "q8_0", "q4_0", "q4_k", "q4_k_m"
+// "none" / "bf16", "q8_0" / "q8", "q4_0" / "q4", "q4_k", "q4_k_m"; throws gdn::Error(invalid_argument)
+// naming the rest.
 WeightQuant parse_weight_quant(std::string_view name);
+// Whether q4_k_m gives decoder layer `layer` (of `layers`) more bits: llama.cpp's Q4_K_M rule, the
+// first and last eighth of the layers and every third one between (the MTP head's layer: no).
+bool quant_more_bits_layer(int layer, int layers) noexcept;
 
 // The lm_head's format under a quantisation (ModelParams::lm_head_quant). The lm_head is the
 // output projection: lm_head.weight, or for tied embeddings the quantised copy of the embedding
 // that the logits are computed with (the embedding lookup itself stays as stored); the MTP head's
-// logits use it too. automatic: q8_0 under q4_0 and q4_k, as llama.cpp keeps its output tensor at
+// logits use it too. automatic: q8_0 under the 4-bit quants, as llama.cpp keeps its output tensor at
 // 6 bits or more (on gdn-tiny it halves q4_0's logit error; docs/quantization.md), else the
 // projections' format. q8_0 / q4_0 / q4_k: that format (a 4-bit one under a 4-bit quant: every
 // projection at 4 bits, the smallest image). Only meaningful with a quant: an explicit format
@@ -91,7 +98,7 @@ struct ModelParams {
   std::string packed_image;
   // Quantised projections for the CPU backend (see WeightQuant); none: the checkpoint's bf16 values.
   WeightQuant quant = WeightQuant::none;
-  // The lm_head's format under a quant (see LmHeadQuant): automatic is q8_0 under q4_0 and q4_k.
+  // The lm_head's format under a quant (see LmHeadQuant): automatic is q8_0 under the 4-bit quants.
   LmHeadQuant lm_head_quant = LmHeadQuant::automatic;
   // Called as loading reads the weights (packing or uploading them): progress(done_bytes, total_bytes).
   std::function<void(std::size_t, std::size_t)> progress;

@@ -87,6 +87,7 @@ struct TensorSpec {
   bool projection = false;  // a matrix the model multiplies by (what the CPU backend packs)
   bool alias = false;       // lm_head of a tied model: the embedding again (its bytes are not counted twice)
   bool lm_head = false;     // the output projection (its quantised format may differ: ModelParams::lm_head_quant)
+  bool more_bits = false;   // a projection WeightQuant::q4_k_m keeps at q8_0
 };
 // Every tensor bind_weights(ckpt, cfg, mtp) binds, for a checkpoint whose language-model tensors
 // start with `prefix` ("model.language_model.", "model." or ""), in binding order; with `mtp` the

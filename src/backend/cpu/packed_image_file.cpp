@@ -85,9 +85,11 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
   if (options.quant != WeightQuant::none && layout != cpu::load_layout(quant_params))
     throw Error(Status::invalid_argument, fmt::format("--layout {} does not go with --quant {}", options.layout, weight_quant_name(options.quant)));
   // --layout q8_0 / q4_0 / q4_k alone is that quant.
-  if (layout == cpu::WeightImage::q8_0) quant_params.quant = WeightQuant::q8_0;
-  if (layout == cpu::WeightImage::q4_0) quant_params.quant = WeightQuant::q4_0;
-  if (layout == cpu::WeightImage::q4_k) quant_params.quant = WeightQuant::q4_k;
+  if (quant_params.quant == WeightQuant::none) {
+    if (layout == cpu::WeightImage::q8_0) quant_params.quant = WeightQuant::q8_0;
+    if (layout == cpu::WeightImage::q4_0) quant_params.quant = WeightQuant::q4_0;
+    if (layout == cpu::WeightImage::q4_k) quant_params.quant = WeightQuant::q4_k;
+  }
   // A bf16 image has one layout; a quantised one the policy's lm_head format. (load_layouts throws
   // for an lm_head format without a quant.)
   const cpu::ImageLayouts quant_layouts = cpu::load_layouts(quant_params);

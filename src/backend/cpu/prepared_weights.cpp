@@ -299,6 +299,16 @@ void place(PreparedWeights& w, const Model& model, const std::function<void(std:
 
 }  // namespace
 
+bool more_bits_projection(const PreparedWeights& w, const Linear* p) noexcept {
+  const int n = static_cast<int>(w.layers.size());
+  for (int i = 0; i < n; ++i) {
+    const LayerWeights& l = w.layers[static_cast<std::size_t>(i)];
+    if (p == &l.attn.v_proj || p == &l.gdn.in_proj_qkv || p == &l.gdn.in_proj_qkvz || p == &l.mlp.down_proj)
+      return quant_more_bits_layer(i, n);
+  }
+  return false;  // the lm_head, the MTP head's, the other projections
+}
+
 std::size_t packed_bytes(const PreparedWeights& w, const ImageLayouts& layouts) {
   std::size_t elements = 0;
   for (const Linear* p : w.projections())

@@ -15,6 +15,7 @@
 #include "gdn/core/anonymous_memory.hpp"
 #include "gdn/io/mapped_file.hpp"
 #include "gdn/model/model.hpp"
+#include "gdn/model/weights.hpp"
 
 #include "linear.hpp"
 
@@ -82,19 +83,27 @@ struct PreparedWeights {
   std::vector<const Linear*> projections() const;
 };
 
-// The image layouts a load reads: the projections' and the lm_head's (they differ only under a
-// quant whose lm_head format is another, ModelParams::lm_head_quant).
+// The image layouts a load reads: the projections', the lm_head's (they differ only under a quant
+// whose lm_head format is another, ModelParams::lm_head_quant) and, under q4_k_m, the format of the
+// projections it gives more bits (none: no such projections).
 struct ImageLayouts {
   WeightImage projections = WeightImage::none;
   WeightImage lm_head = WeightImage::none;
+  WeightImage more_bits = WeightImage::none;
 };
 
 // Bytes of the packed images of a model's bf16 projections in `layouts` (what packing allocates and
 // an image file holds).
 std::size_t packed_bytes(const PreparedWeights& w, const ImageLayouts& layouts);
+// Whether p is one of the projections q4_k_m gives more bits (TensorSpec::more_bits names the
+// same ones): in a layer quant_more_bits_layer names, the attention v_proj, the GDN in_proj_qkv /
+// in_proj_qkvz or the MLP down_proj.
+bool more_bits_projection(const PreparedWeights& w, const Linear* p) noexcept;
 // The layout of projection p (one of w.projections()).
 inline WeightImage layout_of(const PreparedWeights& w, const Linear* p, const ImageLayouts& layouts) noexcept {
-  return p == &w.lm_head ? layouts.lm_head : layouts.projections;
+  if (p == &w.lm_head) return layouts.lm_head;
+  if (layouts.more_bits != WeightImage::none && more_bits_projection(w, p)) return layouts.more_bits;
+  return layouts.projections;
 }
 // The checkpoint name of each projection's weight (lm_head of a tied model: the embedding's), in
 // projections() order; empty for one the checkpoint does not name (a realigned copy).
@@ -105,7 +114,7 @@ const char* weight_image_name(WeightImage layout) noexcept;  // "panels", "amx_t
 inline WeightImage load_layout(WeightQuant quant) noexcept {
   if (quant == WeightQuant::q8_0) return WeightImage::q8_0;
   if (quant == WeightQuant::q4_0) return WeightImage::q4_0;
-  if (quant == WeightQuant::q4_k) return WeightImage::q4_k;
+  if (quant == WeightQuant::q4_k || quant == WeightQuant::q4_k_m) return WeightImage::q4_k;
   return weight_image_layout(linear_kernel());
 }
 // The image layout a load with these params reads for its projections.
@@ -113,7 +122,14 @@ inline WeightImage load_layout(const ModelParams& mp) noexcept { return load_lay
 // The same for the projections and the lm_head (lm_head_weight_quant); throws gdn::Error
 // (invalid_argument) for an lm_head format without a quant.
 inline ImageLayouts load_layouts(const ModelParams& mp) {
-  return ImageLayouts{load_layout(mp.quant), load_layout(lm_head_weight_quant(mp.quant, mp.lm_head_quant))};
+  return ImageLayouts{load_layout(mp.quant), load_layout(lm_head_weight_quant(mp.quant, mp.lm_head_quant)),
+                      mp.quant == WeightQuant::q4_k_m ? WeightImage::q8_0 : WeightImage::none};
+}
+// The layout of a projection the plan names (memory_plan.cpp): the same choice as layout_of.
+inline WeightImage layout_of(const TensorSpec& s, const ImageLayouts& layouts) noexcept {
+  if (s.lm_head) return layouts.lm_head;
+  if (layouts.more_bits != WeightImage::none && s.more_bits) return layouts.more_bits;
+  return layouts.projections;
 }
 // The memory packing leaves free beyond the packed copy (for contexts and the rest of the
 // process): an eighth of the copy, at least 512 MiB.
