@@ -55,8 +55,15 @@ GDN_QUANTS = [("q8_0", "q8_0", None), ("q4_0", "q4_0", None), ("q4_0, lm_head q4
               ("q4_k", "q4_k", None), ("q4_k, lm_head q4_k", "q4_k", "q4_k"),
               ("q4_k_m", "q4_k_m", None), ("q4_k_m, lm_head q4_k", "q4_k_m", "q4_k")]
 # The lm_head's bits per weight under each (q4_0's default lm_head is q8_0).
-GDN_BITS = {"q8_0": (8.5, 8.5), "q4_0": (4.5, 8.5), "q4_0, lm_head q4_0": (4.5, 4.5),
-            "q4_k": (4.625, 8.5), "q4_k, lm_head q4_k": (4.625, 4.625)}
+# (projections, lm_head, the projections q4_k_m gives more bits; None: as the projections)
+GDN_BITS = {"q8_0": (8.5, 8.5, None), "q4_0": (4.5, 8.5, None), "q4_0, lm_head q4_0": (4.5, 4.5, None),
+            "q4_k": (4.625, 8.5, None), "q4_k, lm_head q4_k": (4.625, 4.625, None),
+            "q4_k_m": (4.625, 8.5, 8.5), "q4_k_m, lm_head q4_k": (4.625, 4.625, 8.5)}
+
+
+def more_bits_layer(i, n):
+    """q4_k_m's layers with more bits (gdn::quant_more_bits_layer, llama.cpp's Q4_K_M rule)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 GGML_Q8_0, GGML_Q4_0 = 8, 2
 # (label, llama.cpp ftype, untied GGUF, output type, embedding type). The first three are llama.cpp's
 # own choices, what its users run. The "libgdn's policy" ones quantise exactly the tensors libgdn
@@ -231,17 +238,26 @@ def gguf_tensor_types(path):
     return {"types": counts, "embedding": embedding, "bits_per_weight": bits / n}
 
 
-def gdn_bits(gguf_path, bits, lm_bits):
+def gdn_bits(gguf_path, bits, lm_bits, more_bits=None):
     """libgdn's bits per weight over the matrices a token reads (the projections and the output),
-    from the untied bf16 GGUF's shapes."""
+    from the untied bf16 GGUF's shapes (GGUF names: attn_v, attn_qkv and ffn_down are the v_proj,
+    the GDN in_proj_qkv and the down_proj q4_k_m gives more bits)."""
     from gguf import GGUFReader
-    n = n_out = 0
-    for t in GGUFReader(gguf_path).tensors:
+    tensors = GGUFReader(gguf_path).tensors
+    layers = 1 + max(int(t.name.split(".")[1]) for t in tensors if t.name.startswith("blk."))
+    total = n = 0
+    for t in tensors:
         if t.tensor_type.name == "F32" or len([s for s in t.shape if s > 1]) < 2 or t.name == "token_embd.weight":
             continue
+        b = bits
+        if t.name == "output.weight":
+            b = lm_bits
+        elif more_bits and t.name.startswith("blk.") and t.name.split(".")[2] in ("attn_v", "attn_qkv", "ffn_down") \
+                and more_bits_layer(int(t.name.split(".")[1]), layers):
+            b = more_bits
+        total += b * int(t.n_elements)
         n += int(t.n_elements)
-        n_out += int(t.n_elements) if t.name == "output.weight" else 0
-    return (bits * (n - n_out) + lm_bits * n_out) / n
+    return total / n
 
 
 def llama_quantised(L, gguf_path, ftype, threads, out_type, embd_type):
@@ -382,8 +398,10 @@ def print_table(results):
     print("|---|---|---|---|---|---|---|")
     for name, m in results["models"].items():
         for label, r in m["libgdn"].items():
-            bits, lm_bits = GDN_BITS[label]
-            types = f"{label.split(',')[0]} ×all" if bits == lm_bits else f"{label}; output q8_0"
+            bits, lm_bits, more = GDN_BITS[label]
+            base = "q4_k, q8_0 where Q4_K_M gives more bits" if more else label.split(",")[0]
+            types = f"{base} ×all" if bits == lm_bits and not more else \
+                f"{base}; output {'q8_0' if lm_bits == 8.5 else label.split()[-1]}"
             print(f"| {name} | libgdn {label} | {r['bits_per_weight']:.2f} ({types}; embedding bf16) | {r['rms']:.4f} | "
                   f"{r['max']:.3f} | {r['top1']:.3f} | {r['kl']:.2e} |")
         for label, r in m["llama.cpp"].items():

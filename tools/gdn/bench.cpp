@@ -220,11 +220,13 @@ class BandwidthMeter {
 // embedding row. A quantised model's projections count their quantised image (scales included).
 std::int64_t weight_bytes_per_token(const Model& m) {
   std::int64_t b = 0;
-  const bool quantised = m.params().quant != WeightQuant::none;
-  const cpu::ImageLayouts layouts = cpu::load_layouts(m.params());  // the lm_head's may differ (--lm-head-quant)
-  for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false)) {
-    const cpu::WeightImage layout = lw == &m.weights().lm_head ? layouts.lm_head : layouts.projections;
-    b += static_cast<std::int64_t>(quantised ? 2 * cpu::weight_image_elements(layout, lw->out(), lw->in()) : lw->w.nbytes());
+  if (m.params().quant != WeightQuant::none) {
+    // Each projection in its format (the lm_head's may differ, --lm-head-quant; so may q4_k_m's).
+    const cpu::ImageLayouts layouts = cpu::load_layouts(m.params());
+    for (const TensorSpec& s : model_tensor_specs(m.config(), m.weights().prefix, /*mtp=*/false))
+      if (s.projection) b += static_cast<std::int64_t>(2 * cpu::weight_image_elements(cpu::layout_of(s, layouts), s.shape[0], s.shape[1]));
+  } else {
+    for (const LinearWeight* lw : m.weights().projections(/*include_mtp=*/false)) b += static_cast<std::int64_t>(lw->w.nbytes());
   }
   const TensorView& e = m.weights().embed_tokens;
   return b + static_cast<std::int64_t>(e.nbytes() / static_cast<std::size_t>(e.dim(0)));

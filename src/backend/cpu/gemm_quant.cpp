@@ -1,4 +1,4 @@
-// Quantised projection weights (q8_0, q4_0): quantisation of weights and activations, and the
+// Quantised projection weights (q8_0, q4_0, q4_k): quantisation of weights and activations, and the
 // integer dot-product kernels — AMX-INT8 tiles (from 4 activation rows), AVX-512 VNNI (vpdpbusd),
 // AVX2 (vpmaddubsw) and scalar. quant.hpp
 // states the formats and the arithmetic every kernel shares (so all give bit-identical results).
@@ -12,9 +12,10 @@
 // vpdpbusd does 64 multiply-adds, an FMA 16).
 //
 // vpdpbusd multiplies unsigned by signed bytes: the activation parts are the signed operand, the
-// weights the unsigned one — q4 nibbles are stored as q + 8 ∈ [0, 15], q8 values are flipped to
+// weights the unsigned one — q4_0 nibbles are stored as q + 8 ∈ [0, 15], q8 values are flipped to
 // q + 128 by one xor per 64 bytes — and the offset times the block's sum of activation parts is
-// subtracted from the int32 sum (exact). AVX2's vpmaddubsw saturates its 16-bit pair sums, which
+// subtracted from the int32 sum (exact); q4_k's nibbles are q ∈ [0, 15] already, its offset m a
+// float term of its own. AVX2's vpmaddubsw saturates its 16-bit pair sums, which
 // 255 · 127 · 2 would: q8 goes through |q| and sign(h, q) (127 · 127 · 2 fits), q4's nibbles fit as
 // they are.
 
@@ -316,6 +317,7 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
   __m512 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
+  [[maybe_unused]] __m512 D0, D1, M0, M1;  // q4_k: the current super-block's D and M, 32 rows
   // The weight stream is prefetched `prefetch_ahead` bytes ahead into L1 where that measured faster
   // (vnni_prefetch_bytes; a range is one sequential stream, so this runs on into the next group; a
   // prefetch never faults).
@@ -386,14 +388,15 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
         }
     }
     if constexpr (F == QuantFormat::q4_k) {
-      const std::uint8_t* sup = q4k_super(group, kb, b);
-      const __m512 d0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup))), u8_to_ps16(t + q4k_sc));
-      const __m512 d1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 32))),
-                                      u8_to_ps16(t + q4k_sc + 16));
-      const __m512 m0 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 64))),
-                                      u8_to_ps16(t + q4k_mn));
-      const __m512 m1 = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 96))),
-                                      u8_to_ps16(t + q4k_mn + 16));
+      if (b % q4k_super_blocks == 0) {
+        const std::uint8_t* sup = q4k_super(group, kb, b);
+        D0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup)));
+        D1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 32)));
+        M0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 64)));
+        M1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 96)));
+      }
+      const __m512 d0 = _mm512_mul_ps(D0, u8_to_ps16(t + q4k_sc)), d1 = _mm512_mul_ps(D1, u8_to_ps16(t + q4k_sc + 16));
+      const __m512 m0 = _mm512_mul_ps(M0, u8_to_ps16(t + q4k_mn)), m1 = _mm512_mul_ps(M1, u8_to_ps16(t + q4k_mn + 16));
       for (int r = 0; r < R; ++r) {
         const __m512 s = _mm512_set1_ps(a[r].scale[b]), z = _mm512_set1_ps(offset_factor(a[r], b));
         acc0[r] = _mm512_fnmadd_ps(m0, z, block_step16(H0[r], L0[r], s, d0, acc0[r]));
