@@ -253,6 +253,8 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
           }
         }
         const __m256 s = _mm256_set1_ps(a.scale[b]), c = _mm256_set1_ps(low_part_weight);
+        [[maybe_unused]] __m256 z;  // q4_k: the block's offset factor, one per row and block
+        if constexpr (F == QuantFormat::q4_k) z = _mm256_set1_ps(offset_factor(a, b));
         for (int i = 0; i < 4; ++i) {
           const __m256 tt = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[i]), c, _mm256_cvtepi32_ps(H[i]));
           if constexpr (F == QuantFormat::q4_k) {
@@ -262,7 +264,7 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
             const __m256 d = _mm256_mul_ps(D, u8_to_ps_avx2(t + q4k_sc + 8 * i));
             const __m256 m = _mm256_mul_ps(M, u8_to_ps_avx2(t + q4k_mn + 8 * i));
             acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(tt, s), acc[i]);
-            acc[i] = _mm256_fnmadd_ps(m, _mm256_set1_ps(offset_factor(a, b)), acc[i]);
+            acc[i] = _mm256_fnmadd_ps(m, z, acc[i]);
           } else {
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + int_bytes(F) + 16 * i)));
             acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(tt, s), acc[i]);

@@ -51,6 +51,10 @@ struct AttentionSplit {
   std::int64_t chunk = -1;
   float* partials = nullptr;
   std::int64_t chunks = 0;  // the partials' stride in chunks
+  // Row t's, query head h's partial state of chunk c.
+  float* partial(std::int64_t t, int h, int Hq, int hd, std::int64_t c) const {
+    return partials + ((t * Hq + h) * chunks + c) * (hd + 2);
+  }
 };
 
 // Working memory of the delta rule for one thread, sized once for the model's head dims; the

@@ -555,7 +555,7 @@ inline void attend(const KvStore& kv, int kv_layer, int g, const std::vector<std
     for (int q = 0; q < nq; ++q) {
       if (len_of(q) <= c * C) continue;  // the row ends before this chunk
       if (split.chunk >= 0) {
-        float* p = split.partials + ((row_of(q) - s.row) * Hq + head_of(q)) * split.chunks * (hd + 2) + c * (hd + 2);
+        float* p = split.partial(row_of(q) - s.row, head_of(q), Hq, hd, c);
         p[0] = cmx[q];
         p[1] = csum[q];
         std::copy_n(co + static_cast<std::ptrdiff_t>(q) * hd, hd, p + 2);
@@ -585,10 +585,13 @@ inline void attention_merge(DType kv_dtype, const PassSegment& s, std::int64_t t
   const KvPath path = kv_dtype == DType::bf16 ? kv_path<bf16>(hd) : kv_path<float>(hd);
   const bool pair_order = path == KvPath::vector && kv_dtype == DType::bf16;
   const std::int64_t chunks = attention_chunks(s.pos + t + 1);
-  const float* p = split.partials + (t * Hq + h) * split.chunks * (hd + 2);
+  const float* p = split.partial(t, h, Hq, hd, 0);
   float* o = b.core + (s.row + t) * Hq * hd + h * hd;
   float M = p[0], S = p[1];
   std::copy_n(p + 2, hd, o);
-  for (std::int64_t c = 1; c < chunks; ++c) merge_chunk(M, S, o, p[c * (hd + 2)], p[c * (hd + 2) + 1], p + c * (hd + 2) + 2, hd);
+  for (std::int64_t c = 1; c < chunks; ++c) {
+    const float* pc = split.partial(t, h, Hq, hd, c);
+    merge_chunk(M, S, o, pc[0], pc[1], pc + 2, hd);
+  }
   finish_output(o, S, b.gate + (s.row + t) * b.ld_gate + 2LL * h * hd + hd, hd, path, pair_order);
 }
