@@ -1,7 +1,9 @@
 // Quantised projection weights (backend/cpu/quant.hpp): the formats' rounding rules, every integer
 // kernel this CPU has against a float64 product of the dequantised weights with the float
-// activations (the only difference allowed: the two-part activations' 2⁻¹⁶-level rounding), all
-// kernels bit-identical to each other, batch invariance, fused == separate, odd shapes.
+// activations (the only difference allowed: the activations' rounding, 2⁻¹⁶-level with q8_0's two
+// parts, 8-bit with the 4-bit formats' high part) and with the quantised activations as quant.hpp
+// states them (float32 accumulation the only difference), all kernels bit-identical to each other,
+// batch invariance, fused == separate, odd shapes.
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -62,6 +64,30 @@ std::vector<float> run(ThreadPool& pool, cpu::LinearWorkspace& ws, cpu::LinearKe
   const cpu::LinearPart part{&W, y.data(), out, img.u16.data(), img.layout};
   cpu::linear_multi(pool, ws, k, std::span(&part, 1), x.data(), in, rows);
   return y;
+}
+
+// How far a block's quantised activations may stand from x, per unit of Σ|w| (quant.hpp): the
+// high part alone rounds to s / 2 = max|x| / 254, the two parts to max|x| / (127 · 508).
+double activation_error(cpu::QuantFormat f, double amax) {
+  return cpu::uses_low_part(f) ? amax / (127.0 * 508.0) : amax / 254.0;
+}
+
+// The rows' quantised activations as quant.hpp defines them for format f: s · (h + l / 254), or s · h.
+std::vector<double> quantised_activations(cpu::QuantFormat f, const std::vector<float>& x, std::int64_t in, std::int64_t rows) {
+  const std::int64_t stride = cpu::quant_activation_stride(in), kp = (in + 31) / 32 * 32;
+  std::vector<std::byte> buf(static_cast<std::size_t>(rows * stride) + 64);
+  cpu::quantize_activations(x.data(), in, 0, rows, in, buf.data());
+  std::vector<double> xq(static_cast<std::size_t>(rows * in));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::byte* p = buf.data() + r * stride;
+    for (std::int64_t j = 0; j < in; ++j) {
+      float s;
+      std::memcpy(&s, p + 2 * kp + 4 * (j / 32), 4);
+      const double h = static_cast<std::int8_t>(p[j]), l = static_cast<std::int8_t>(p[kp + j]);
+      xq[static_cast<std::size_t>(r * in + j)] = s * (h + (cpu::uses_low_part(f) ? l / 254.0 : 0.0));
+    }
+  }
+  return xq;
 }
 
 }  // namespace
@@ -201,27 +227,34 @@ TEST_CASE("quantised kernels: accurate against float64, bit-identical across ker
       std::vector<float> x(static_cast<std::size_t>(rows * in));
       for (auto& v : x) v = nd(rng);
       x[3] = 40.0f;  // an outlier: its block's other activations are quantised on its scale
+      const std::vector<double> xq = quantised_activations(f, x, in, rows);
       std::vector<float> first;
       for (auto k : kernels) {
         const auto y = run(pool, ws, k, W.view, img, x, rows);
         INFO(fmt::format("{} [{}, {}] kernel {}", cpu::weight_image_name(layout), out, in, static_cast<int>(k)));
         for (std::int64_t r = 0; r < rows; ++r)
           for (std::int64_t n = 0; n < out; ++n) {
-            // Reference: float64 product of the dequantised weights with the float activations; the
-            // kernel's activations differ by ≤ max|x of the block| / (127 · 508) each.
-            double ref = 0.0, bound = 0.0;
+            // References: float64 products of the dequantised weights with the float activations
+            // (the kernel's activations differ by activation_error each) and with the quantised
+            // activations themselves (float32 accumulation the only difference).
+            double ref = 0.0, bound = 0.0, refq = 0.0, boundq = 0.0;
             for (std::int64_t b = 0; b * 32 < in; ++b) {
               double amax = 0.0, wsum = 0.0;
               for (std::int64_t j = b * 32; j < std::min(in, b * 32 + 32); ++j) {
                 const double w = cpu::quant_image_value(f, img.bytes(), out, in, n, j), xv = x[static_cast<std::size_t>(r * in + j)];
+                const double xqv = xq[static_cast<std::size_t>(r * in + j)];
                 ref += w * xv;
+                refq += w * xqv;
                 amax = std::max(amax, std::fabs(xv));
                 wsum += std::fabs(w);
                 bound += std::fabs(w * xv) * 1e-6;  // float32 accumulation
+                boundq += std::fabs(w * xqv) * 1e-6;
               }
-              bound += wsum * amax / (127.0 * 508.0) * 1.01;
+              bound += wsum * activation_error(f, amax) * 1.01;
             }
-            REQUIRE(std::fabs(y[static_cast<std::size_t>(r * out + n)] - ref) <= bound + 1e-7);
+            const double yv = y[static_cast<std::size_t>(r * out + n)];
+            REQUIRE(std::fabs(yv - ref) <= bound + 1e-7);
+            REQUIRE(std::fabs(yv - refq) <= boundq + 1e-7);
           }
         if (first.empty()) first = y;
         else REQUIRE(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
@@ -270,14 +303,21 @@ TEST_CASE("quantised kernels: a fused call equals separate calls; zero and non-f
     const auto z = run(pool, ws, cpu::linear_kernel(), A.view, ia, x, rows);
     for (std::int64_t n = 0; n < 64; ++n) {
       REQUIRE(std::isnan(z[static_cast<std::size_t>(n)]));
-      double ref = 0.0, mag = 0.0;
-      for (std::int64_t k = 0; k < in; ++k) {
-        const double w = cpu::quant_image_value(format_of(layout), ia.bytes(), 64, in, n, k);
-        ref += w * x[static_cast<std::size_t>(2 * in + k)];
-        mag += std::fabs(w * x[static_cast<std::size_t>(2 * in + k)]);
+      double ref = 0.0, mag = 0.0, act = 0.0;
+      for (std::int64_t b = 0; b * 32 < in; ++b) {
+        double amax = 0.0, wsum = 0.0;
+        for (std::int64_t k = 32 * b; k < std::min(in, 32 * b + 32); ++k) {
+          const double w = cpu::quant_image_value(format_of(layout), ia.bytes(), 64, in, n, k);
+          const double xv = x[static_cast<std::size_t>(2 * in + k)];
+          ref += w * xv;
+          mag += std::fabs(w * xv);
+          amax = std::max(amax, std::fabs(xv));
+          wsum += std::fabs(w);
+        }
+        act += wsum * activation_error(format_of(layout), amax) * 1.01;
       }
       INFO(fmt::format("subnormal row, output {}: {} vs {}", n, z[static_cast<std::size_t>(128 + n)], ref));
-      REQUIRE(std::fabs(z[static_cast<std::size_t>(128 + n)] - ref) <= 1e-3 * mag);
+      REQUIRE(std::fabs(z[static_cast<std::size_t>(128 + n)] - ref) <= 1e-3 * mag + act);
     }
   }
 }

@@ -3,13 +3,15 @@
 // AVX2 (vpmaddubsw) and scalar. quant.hpp
 // states the formats and the arithmetic every kernel shares (so all give bit-identical results).
 //
-// Why integer dot products on two-part activations, not dequantise-and-FMA: a q4 weight dequantised
-// to float costs a shift, a mask, a widening and a conversion before its FMA, about 3.5 cycles per
-// 32 weights and 16 rows, which at batch 1 is already the memory's pace on this class of machine
-// (the kernel would be compute-bound); vpdpbusd multiplies 4 × 16 bytes and sums in one
-// instruction, so two of them (the high and low activation parts) cost far less than the weight
-// stream at batch 1 and keep batched decode and prefill ahead of the bf16 FMA kernel (one
-// vpdpbusd does 64 multiply-adds, an FMA 16).
+// Why integer dot products on quantised activations, not dequantise-and-FMA: a q4 weight
+// dequantised to float costs a shift, a mask, a widening and a conversion before its FMA, about
+// 3.5 cycles per 32 weights and 16 rows, which at batch 1 is already the memory's pace on this
+// class of machine (the kernel would be compute-bound); vpdpbusd multiplies 4 × 16 bytes and sums
+// in one instruction, so it costs far less than the weight stream at batch 1 and keeps batched
+// decode and prefill ahead of the bf16 FMA kernel (one vpdpbusd does 64 multiply-adds, an FMA 16).
+// q8_0 takes both activation parts (two vpdpbusd per weight chunk), the 4-bit formats only the
+// high one (quant.hpp says why): a core that computes keeps fewer loads in flight, so on a 2-core
+// machine the 4-bit kernel's instructions, not the memory, bounded batch-1 decode.
 //
 // vpdpbusd multiplies unsigned by signed bytes: the activation parts are the signed operand, the
 // weights the unsigned one — q4_0 nibbles are stored as q + 8 ∈ [0, 15], q8 values are flipped to
@@ -138,16 +140,18 @@ inline ActRow act_row(const QuantActivations& x, std::int64_t r) {
                 reinterpret_cast<const std::int32_t*>(p + 2 * x.kp + x.kp / 32 * 4)};
 }
 
-// The shared epilogue of a block for one lane: see quant.hpp.
+// The shared epilogue of a block for one lane: see quant.hpp. Two parts (q8_0), and the high part
+// alone (the 4-bit formats: the same value block_step gives for L = 0, fma(0, c, H) being H).
 inline float block_step(std::int32_t H, std::int32_t L, float s, float d, float acc) {
   const float t = std::fma(static_cast<float>(L), low_part_weight, static_cast<float>(H));
   return std::fma(d, t * s, acc);
 }
-// q4_k's offset term's activation factor for one row and block, z · s (quant.hpp); every kernel
-// computes it with these scalar operations, then acc = fma(−m, z · s, acc) per lane.
-inline float offset_factor(const ActRow& a, std::int64_t b) {
-  return std::fma(static_cast<float>(a.sums[2 * b + 1]), low_part_weight, static_cast<float>(a.sums[2 * b])) * a.scale[b];
+inline float block_step_high(std::int32_t H, float s, float d, float acc) {
+  return std::fma(d, static_cast<float>(H) * s, acc);
 }
+// q4_k's offset term's activation factor for one row and block, Σh · s (quant.hpp); every kernel
+// computes it with these scalar operations, then acc = fma(−m, Σh · s, acc) per lane.
+inline float offset_factor(const ActRow& a, std::int64_t b) { return static_cast<float>(a.sums[2 * b]) * a.scale[b]; }
 
 // ------------------------------------------------------------------------------------------------
 // Scalar.
@@ -166,14 +170,16 @@ void scalar_range(QuantFormat f, const std::uint8_t* image, std::int64_t kb, std
         for (std::int64_t j = 0; j < 32; ++j) {
           const int q = tile_q(f, t, n % 32, j);
           H += q * a.hi[32 * b + j];
-          L += q * a.lo[32 * b + j];
+          if (uses_low_part(f)) L += q * a.lo[32 * b + j];
         }
         if (f == QuantFormat::q4_k) {
           float d, m;
           q4k_block_dm(group, kb, b, n % 32, d, m);
-          acc = std::fma(-m, offset_factor(a, b), block_step(H, L, a.scale[b], d, acc));
-        } else {
+          acc = std::fma(-m, offset_factor(a, b), block_step_high(H, a.scale[b], d, acc));
+        } else if (uses_low_part(f)) {
           acc = block_step(H, L, a.scale[b], tile_scale(f, t, n % 32), acc);
+        } else {
+          acc = block_step_high(H, a.scale[b], tile_scale(f, t, n % 32), acc);
         }
       }
       y[r * ldy + n] = acc;
@@ -215,7 +221,7 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
         __m256i H[4], L[4];
         for (int i = 0; i < 4; ++i) H[i] = L[i] = _mm256_setzero_si256();
         const std::int8_t* xh = a.hi + 32 * b;
-        const std::int8_t* xl = a.lo + 32 * b;
+        const std::int8_t* xl = a.lo + 32 * b;  // q8_0 only
         if constexpr (F == QuantFormat::q8_0) {
           for (int g = 0; g < 8; ++g) {
             std::int32_t h4, l4;
@@ -229,34 +235,28 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
             }
           }
         } else {
-          for (int g = 0; g < 4; ++g) {
-            std::int32_t ha, hb, la, lb;
+          for (int g = 0; g < 4; ++g) {  // the high part only (quant.hpp)
+            std::int32_t ha, hb;
             std::memcpy(&ha, xh + 4 * g, 4);
             std::memcpy(&hb, xh + 16 + 4 * g, 4);
-            std::memcpy(&la, xl + 4 * g, 4);
-            std::memcpy(&lb, xl + 16 + 4 * g, 4);
             const __m256i vha = _mm256_set1_epi32(ha), vhb = _mm256_set1_epi32(hb);
-            const __m256i vla = _mm256_set1_epi32(la), vlb = _mm256_set1_epi32(lb);
             for (int i = 0; i < 4; ++i) {
               const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + g * 128 + i * 32));
               const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
               H[i] = _mm256_add_epi32(H[i], _mm256_add_epi32(dot4_avx2(F, lo, vha), dot4_avx2(F, hi, vhb)));
-              L[i] = _mm256_add_epi32(L[i], _mm256_add_epi32(dot4_avx2(F, lo, vla), dot4_avx2(F, hi, vlb)));
             }
           }
           if constexpr (F == QuantFormat::q4_0) {
-            const __m256i zh = _mm256_set1_epi32(8 * a.sums[2 * b]), zl = _mm256_set1_epi32(8 * a.sums[2 * b + 1]);
-            for (int i = 0; i < 4; ++i) {
-              H[i] = _mm256_sub_epi32(H[i], zh);
-              L[i] = _mm256_sub_epi32(L[i], zl);
-            }
+            const __m256i zh = _mm256_set1_epi32(8 * a.sums[2 * b]);
+            for (int i = 0; i < 4; ++i) H[i] = _mm256_sub_epi32(H[i], zh);
           }
         }
         const __m256 s = _mm256_set1_ps(a.scale[b]), c = _mm256_set1_ps(low_part_weight);
         [[maybe_unused]] __m256 z;  // q4_k: the block's offset factor, one per row and block
         if constexpr (F == QuantFormat::q4_k) z = _mm256_set1_ps(offset_factor(a, b));
         for (int i = 0; i < 4; ++i) {
-          const __m256 tt = _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[i]), c, _mm256_cvtepi32_ps(H[i]));
+          const __m256 tt = uses_low_part(F) ? _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[i]), c, _mm256_cvtepi32_ps(H[i]))
+                                             : _mm256_cvtepi32_ps(H[i]);
           if constexpr (F == QuantFormat::q4_k) {
             const std::uint8_t* sup = q4k_super(group, kb, b);
             const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16 * i)));
@@ -287,6 +287,10 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
 GDN_T_VNNI inline __m512 block_step16(__m512i H, __m512i L, __m512 s, __m512 d, __m512 acc) {
   const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), _mm512_set1_ps(low_part_weight), _mm512_cvtepi32_ps(H));
   return _mm512_fmadd_ps(d, _mm512_mul_ps(t, s), acc);
+}
+// The same for the high part alone (the 4-bit formats; block_step_high).
+GDN_T_VNNI inline __m512 block_step16_high(__m512i H, __m512 s, __m512 d, __m512 acc) {
+  return _mm512_fmadd_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(H), s), acc);
 }
 
 // How far ahead of the weight stream the VNNI kernel prefetches into L1 (0: not at all). Measured
@@ -327,15 +331,15 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
     const std::uint8_t* t = group + b * tb;
     if (prefetch_ahead > 0)
       for (std::int64_t o = 0; o < tb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(t + prefetch_ahead + o), _MM_HINT_T0);
-    __m512i H0[R], H1[R], L0[R], L1[R];
+    [[maybe_unused]] __m512i H0[R], H1[R], L0[R], L1[R];  // L: q8_0 only
     for (int r = 0; r < R; ++r) H0[r] = H1[r] = L0[r] = L1[r] = _mm512_setzero_si512();
-    // q4 at one or two rows: the high nibbles' products in chains of their own, so the four
-    // dependent vpdpbusd chains of a block become eight of half the length (exact int32 sums, so
-    // the same result). More rows have independent chains already and no registers to spare.
+    // q4 at one or two rows: the high nibbles' products in chains of their own, so the two
+    // dependent vpdpbusd chains of a block become four of half the length (exact int32 sums, so
+    // the same result). More rows have independent chains already.
     constexpr bool split = F != QuantFormat::q8_0 && R <= 2;
-    [[maybe_unused]] __m512i H0b[R], H1b[R], L0b[R], L1b[R];
+    [[maybe_unused]] __m512i H0b[R], H1b[R];
     if constexpr (split)
-      for (int r = 0; r < R; ++r) H0b[r] = H1b[r] = L0b[r] = L1b[r] = _mm512_setzero_si512();
+      for (int r = 0; r < R; ++r) H0b[r] = H1b[r] = _mm512_setzero_si512();
     if constexpr (F == QuantFormat::q8_0) {
       for (int g = 0; g < 8; ++g) {
         const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(t + g * 128), flip);
@@ -352,32 +356,23 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
         }
       }
     } else {
-      for (int g = 0; g < 4; ++g) {
+      for (int g = 0; g < 4; ++g) {  // the high part only (quant.hpp)
         const __m512i v0 = _mm512_loadu_si512(t + g * 128), v1 = _mm512_loadu_si512(t + g * 128 + 64);
         const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nib);
         const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
         for (int r = 0; r < R; ++r) {
-          std::int32_t ha, hb, la, lb;
+          std::int32_t ha, hb;
           std::memcpy(&ha, a[r].hi + 32 * b + 4 * g, 4);
           std::memcpy(&hb, a[r].hi + 32 * b + 16 + 4 * g, 4);
-          std::memcpy(&la, a[r].lo + 32 * b + 4 * g, 4);
-          std::memcpy(&lb, a[r].lo + 32 * b + 16 + 4 * g, 4);
           const __m512i vha = _mm512_set1_epi32(ha), vhb = _mm512_set1_epi32(hb);
-          const __m512i vla = _mm512_set1_epi32(la), vlb = _mm512_set1_epi32(lb);
           if constexpr (split) {
             H0[r] = _mm512_dpbusd_epi32(H0[r], lo0, vha);
             H1[r] = _mm512_dpbusd_epi32(H1[r], lo1, vha);
-            L0[r] = _mm512_dpbusd_epi32(L0[r], lo0, vla);
-            L1[r] = _mm512_dpbusd_epi32(L1[r], lo1, vla);
             H0b[r] = _mm512_dpbusd_epi32(H0b[r], hi0, vhb);
             H1b[r] = _mm512_dpbusd_epi32(H1b[r], hi1, vhb);
-            L0b[r] = _mm512_dpbusd_epi32(L0b[r], hi0, vlb);
-            L1b[r] = _mm512_dpbusd_epi32(L1b[r], hi1, vlb);
           } else {
             H0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(H0[r], lo0, vha), hi0, vhb);
             H1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(H1[r], lo1, vha), hi1, vhb);
-            L0[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(L0[r], lo0, vla), hi0, vlb);
-            L1[r] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(L1[r], lo1, vla), hi1, vlb);
           }
         }
       }
@@ -385,8 +380,6 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
         for (int r = 0; r < R; ++r) {
           H0[r] = _mm512_add_epi32(H0[r], H0b[r]);
           H1[r] = _mm512_add_epi32(H1[r], H1b[r]);
-          L0[r] = _mm512_add_epi32(L0[r], L0b[r]);
-          L1[r] = _mm512_add_epi32(L1[r], L1b[r]);
         }
     }
     if constexpr (F == QuantFormat::q4_k) {
@@ -401,18 +394,23 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
       const __m512 m0 = _mm512_mul_ps(M0, u8_to_ps16(t + q4k_mn)), m1 = _mm512_mul_ps(M1, u8_to_ps16(t + q4k_mn + 16));
       for (int r = 0; r < R; ++r) {
         const __m512 s = _mm512_set1_ps(a[r].scale[b]), z = _mm512_set1_ps(offset_factor(a[r], b));
-        acc0[r] = _mm512_fnmadd_ps(m0, z, block_step16(H0[r], L0[r], s, d0, acc0[r]));
-        acc1[r] = _mm512_fnmadd_ps(m1, z, block_step16(H1[r], L1[r], s, d1, acc1[r]));
+        acc0[r] = _mm512_fnmadd_ps(m0, z, block_step16_high(H0[r], s, d0, acc0[r]));
+        acc1[r] = _mm512_fnmadd_ps(m1, z, block_step16_high(H1[r], s, d1, acc1[r]));
       }
     } else {
       const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib)));
       const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib + 32)));
       for (int r = 0; r < R; ++r) {
         const __m512i zh = _mm512_set1_epi32(zero_point * a[r].sums[2 * b]);
-        const __m512i zl = _mm512_set1_epi32(zero_point * a[r].sums[2 * b + 1]);
         const __m512 s = _mm512_set1_ps(a[r].scale[b]);
-        acc0[r] = block_step16(_mm512_sub_epi32(H0[r], zh), _mm512_sub_epi32(L0[r], zl), s, d0, acc0[r]);
-        acc1[r] = block_step16(_mm512_sub_epi32(H1[r], zh), _mm512_sub_epi32(L1[r], zl), s, d1, acc1[r]);
+        if constexpr (F == QuantFormat::q8_0) {
+          const __m512i zl = _mm512_set1_epi32(zero_point * a[r].sums[2 * b + 1]);
+          acc0[r] = block_step16(_mm512_sub_epi32(H0[r], zh), _mm512_sub_epi32(L0[r], zl), s, d0, acc0[r]);
+          acc1[r] = block_step16(_mm512_sub_epi32(H1[r], zh), _mm512_sub_epi32(L1[r], zl), s, d1, acc1[r]);
+        } else {
+          acc0[r] = block_step16_high(_mm512_sub_epi32(H0[r], zh), s, d0, acc0[r]);
+          acc1[r] = block_step16_high(_mm512_sub_epi32(H1[r], zh), s, d1, acc1[r]);
+        }
       }
     }
   }
@@ -451,11 +449,12 @@ void vnni_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, st
 // weights a B tile (8 rows of k quads × 16 rows × 4 bytes: exactly the image's 64-byte chunks, at
 // a stride of 128), and one tile product per (part, panel) gives the int32 sums H and L of 16 rows
 // × 16 outputs. q8 is signed × signed (tdpbssd: no zero point); q4's nibbles are spread into bytes
-// (q + 8) first and go through tdpbsud (signed activations × unsigned weights), less 8 · Σ parts.
+// (q + 8) first and go through tdpbsud (signed activations × unsigned weights), less 8 · Σh.
 // The sums are exact, so they are the VNNI kernel's, and the float epilogue below is its epilogue
 // operation for operation: the result is bit-identical to VNNI's (and scalar's) whichever path a
 // call's row count takes, and batch invariance holds across the switch. One tile product replaces
-// 16 rows × 8 vpdpbusd (q8) and the epilogue is then what costs: it runs once per block per row.
+// 16 rows × 8 vpdpbusd (q8) and the epilogue is then what costs: it runs once per block per row. q4
+// takes the high part alone (tiles 1, 6 and 7 unused), as every kernel does.
 // On the 0.8B shape (2 cores) it took 512-token prefill from 163 / 173 tok/s (q8_0 / q4_0, VNNI)
 // to 249 / 227, and batch-16 decode from 105 / 126 to 149 / 178 tok/s.
 
@@ -464,7 +463,7 @@ void vnni_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, st
 constexpr std::int64_t amx_min_rows = 4;  // below this the VNNI kernel (no tile set-up) is faster
 
 // Tiles: 0, 1 the activations' high and low parts; 2, 3 the weights of panels 0 and 1; 4, 5 H and
-// 6, 7 L of panels 0 and 1.
+// 6, 7 L (q8_0) of panels 0 and 1.
 GDN_T_AMXQ void amx_int8_configure(int m) {
   detail::TileConfig c;
   for (int t = 0; t < 8; ++t) {
@@ -495,17 +494,18 @@ GDN_T_AMXQ inline void amx_int8_epilogue(const std::uint8_t* t, const std::int32
   const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib + 32)));
   for (int r = 0; r < m; ++r) {
     __m512i H0 = _mm512_load_si512(sb[0][r]), H1 = _mm512_load_si512(sb[1][r]);
-    __m512i L0 = _mm512_load_si512(sb[2][r]), L1 = _mm512_load_si512(sb[3][r]);
-    if constexpr (F == QuantFormat::q4_0) {
-      const __m512i zh = _mm512_set1_epi32(8 * a[r].sums[2 * b]), zl = _mm512_set1_epi32(8 * a[r].sums[2 * b + 1]);
+    const __m512 s = _mm512_set1_ps(a[r].scale[b]);
+    if constexpr (F == QuantFormat::q8_0) {
+      const __m512i L0 = _mm512_load_si512(sb[2][r]), L1 = _mm512_load_si512(sb[3][r]);
+      _mm512_store_ps(acc[r], block_step16(H0, L0, s, d0, _mm512_load_ps(acc[r])));
+      _mm512_store_ps(acc[r] + 16, block_step16(H1, L1, s, d1, _mm512_load_ps(acc[r] + 16)));
+    } else {  // q4_0: the high part only, less the zero point
+      const __m512i zh = _mm512_set1_epi32(8 * a[r].sums[2 * b]);
       H0 = _mm512_sub_epi32(H0, zh);
       H1 = _mm512_sub_epi32(H1, zh);
-      L0 = _mm512_sub_epi32(L0, zl);
-      L1 = _mm512_sub_epi32(L1, zl);
+      _mm512_store_ps(acc[r], block_step16_high(H0, s, d0, _mm512_load_ps(acc[r])));
+      _mm512_store_ps(acc[r] + 16, block_step16_high(H1, s, d1, _mm512_load_ps(acc[r] + 16)));
     }
-    const __m512 s = _mm512_set1_ps(a[r].scale[b]);
-    _mm512_store_ps(acc[r], block_step16(H0, L0, s, d0, _mm512_load_ps(acc[r])));
-    _mm512_store_ps(acc[r] + 16, block_step16(H1, L1, s, d1, _mm512_load_ps(acc[r] + 16)));
   }
 }
 
@@ -545,33 +545,28 @@ GDN_T_AMXQ void amx_int8_range(const std::uint8_t* image, std::int64_t kb, std::
         if constexpr (F == QuantFormat::q4_0)
           if (b + 1 < kb) spread_q4(t + tb, spread[(b + 1) & 1]);
         _tile_loadd(0, a[0].hi + 32 * b, x.stride);
-        _tile_loadd(1, a[0].lo + 32 * b, x.stride);
-        if constexpr (F == QuantFormat::q8_0) {
-          _tile_loadd(2, t, 128);
-          _tile_loadd(3, t + 64, 128);
-        } else {
-          _tile_loadd(2, spread[b & 1][0], 64);
-          _tile_loadd(3, spread[b & 1][1], 64);
-        }
         _tile_zero(4);
         _tile_zero(5);
-        _tile_zero(6);
-        _tile_zero(7);
-        if constexpr (F == QuantFormat::q8_0) {
+        if constexpr (F == QuantFormat::q8_0) {  // both activation parts
+          _tile_loadd(1, a[0].lo + 32 * b, x.stride);
+          _tile_loadd(2, t, 128);
+          _tile_loadd(3, t + 64, 128);
+          _tile_zero(6);
+          _tile_zero(7);
           _tile_dpbssd(4, 0, 2);
           _tile_dpbssd(5, 0, 3);
           _tile_dpbssd(6, 1, 2);
           _tile_dpbssd(7, 1, 3);
-        } else {
+          _tile_stored(6, sums[b & 1][2], 64);
+          _tile_stored(7, sums[b & 1][3], 64);
+        } else {  // q4_0: the high part only (quant.hpp)
+          _tile_loadd(2, spread[b & 1][0], 64);
+          _tile_loadd(3, spread[b & 1][1], 64);
           _tile_dpbsud(4, 0, 2);
           _tile_dpbsud(5, 0, 3);
-          _tile_dpbsud(6, 1, 2);
-          _tile_dpbsud(7, 1, 3);
         }
         _tile_stored(4, sums[b & 1][0], 64);
         _tile_stored(5, sums[b & 1][1], 64);
-        _tile_stored(6, sums[b & 1][2], 64);
-        _tile_stored(7, sums[b & 1][3], 64);
         if (b > 0) amx_int8_epilogue<F>(group + (b - 1) * tb, sums[(b - 1) & 1], a, m, b - 1, acc);
       }
       amx_int8_epilogue<F>(group + (kb - 1) * tb, sums[(kb - 1) & 1], a, m, kb - 1, acc);

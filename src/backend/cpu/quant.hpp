@@ -34,11 +34,15 @@
 //
 // Arithmetic. The activations of a call are quantised once per row and block of 32 into two int8
 // parts: with s = max|x| / 127, h = round(x / s) and l = round((x / s − h) · 254), x ≈ s (h + l/254)
-// (a relative error near 2⁻¹⁶ of the block's largest value: effectively 16-bit activations, so the
-// quantised model's error is the weights' own). An output is then
-//   y = Σ_blocks d · (s · (H + L / 254)),   H = Σ q·h,  L = Σ q·l  (exact int32 sums)
-// evaluated per block as t = fma(L, 1/254, H), v = t · s, acc = fma(d, v, acc), blocks in k order;
-// q4_k then takes its offset off the same block: z = fma(Σl, 1/254, Σh), acc = fma(−m, z · s, acc).
+// (a relative error near 2⁻¹⁶ of the block's largest value: effectively 16-bit activations). q8_0
+// takes both parts, so its error is the weights' own; the 4-bit formats take h alone (x ≈ s·h,
+// 8-bit activations as llama.cpp's Q8_0 ones): there a weight's rounding error (about 9% of the
+// block's RMS for q4_0) dwarfs the activation's (under 1%), and one vpdpbusd per weight chunk
+// instead of two is what bounds 4-bit decode on a machine of few cores. An output is then
+//   y = Σ_blocks d · (s · (H + L / 254)),   H = Σ q·h,  L = Σ q·l  (exact int32 sums; L = 0 at 4 bits)
+// evaluated per block as t = fma(L, 1/254, H) (t = H at 4 bits: the same value), v = t · s,
+// acc = fma(d, v, acc), blocks in k order; q4_k then takes its offset off the same block:
+// acc = fma(−m, Σh · s, acc).
 // Every kernel (AVX-512 VNNI, AVX2, scalar) computes exactly these operations, so all of them give
 // bit-identical results, and a row's result never depends on the other rows of the call (batch
 // invariance: batched decode == single decode, bit for bit).
@@ -56,6 +60,9 @@ enum class QuantFormat { q8_0, q4_0, q4_k };
 enum class QuantKernel { scalar, avx2, avx512vnni, amx_int8 };
 
 constexpr std::int64_t quant_block = 32;  // weights per block (input columns), and rows per group
+
+// Whether a format's kernels take the activations' low part (l) as well as the high one (h).
+constexpr bool uses_low_part(QuantFormat f) { return f == QuantFormat::q8_0; }
 
 // The kernel this process uses for quantised weights (CPU features, lowered by GDN_CPU_KERNEL:
 // scalar → scalar, avx2 → avx2), and its name.
