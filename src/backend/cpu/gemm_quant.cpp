@@ -334,8 +334,11 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
     [[maybe_unused]] __m512i H0[R], H1[R], L0[R], L1[R];  // L: q8_0 only
     for (int r = 0; r < R; ++r) H0[r] = H1[r] = L0[r] = L1[r] = _mm512_setzero_si512();
     // q4 at one or two rows: the high nibbles' products in chains of their own, so the two
-    // dependent vpdpbusd chains of a block become four of half the length (exact int32 sums, so
-    // the same result). More rows have independent chains already.
+    // dependent vpdpbusd chains of a block become four of half the length, and the high nibbles
+    // stay in place (16·q, still a byte: one mask and no shift per 64 bytes), their chains' sums
+    // shifted down once per block — exact int32 sums, so the same result. At one or two rows the
+    // nibbles' unpacking, not the products, is most of the instructions. More rows have
+    // independent chains already and share each unpacking.
     constexpr bool split = F != QuantFormat::q8_0 && R <= 2;
     [[maybe_unused]] __m512i H0b[R], H1b[R];
     if constexpr (split)
@@ -358,8 +361,15 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
     } else {
       for (int g = 0; g < 4; ++g) {  // the high part only (quant.hpp)
         const __m512i v0 = _mm512_loadu_si512(t + g * 128), v1 = _mm512_loadu_si512(t + g * 128 + 64);
-        const __m512i lo0 = _mm512_and_si512(v0, nib), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nib);
-        const __m512i lo1 = _mm512_and_si512(v1, nib), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
+        const __m512i lo0 = _mm512_and_si512(v0, nib), lo1 = _mm512_and_si512(v1, nib);
+        __m512i hi0, hi1;
+        if constexpr (split) {
+          hi0 = _mm512_andnot_si512(nib, v0);
+          hi1 = _mm512_andnot_si512(nib, v1);
+        } else {
+          hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nib);
+          hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
+        }
         for (int r = 0; r < R; ++r) {
           std::int32_t ha, hb;
           std::memcpy(&ha, a[r].hi + 32 * b + 4 * g, 4);
@@ -377,9 +387,9 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
         }
       }
       if constexpr (split)
-        for (int r = 0; r < R; ++r) {
-          H0[r] = _mm512_add_epi32(H0[r], H0b[r]);
-          H1[r] = _mm512_add_epi32(H1[r], H1b[r]);
+        for (int r = 0; r < R; ++r) {  // Σ (16·q)·h is a multiple of 16: the shift is exact
+          H0[r] = _mm512_add_epi32(H0[r], _mm512_srai_epi32(H0b[r], 4));
+          H1[r] = _mm512_add_epi32(H1[r], _mm512_srai_epi32(H1b[r], 4));
         }
     }
     if constexpr (F == QuantFormat::q4_k) {
