@@ -38,7 +38,8 @@
 // takes both parts, so its error is the weights' own; the 4-bit formats take h alone (x ≈ s·h,
 // 8-bit activations as llama.cpp's Q8_0 ones): there a weight's rounding error (about 9% of the
 // block's RMS for q4_0) dwarfs the activation's (under 1%), and one vpdpbusd per weight chunk
-// instead of two is what bounds 4-bit decode on a machine of few cores. An output is then
+// instead of two is what bounds 4-bit prefill and batched decode on a machine of few cores. An
+// output is then
 //   y = Σ_blocks d · (s · (H + L / 254)),   H = Σ q·h,  L = Σ q·l  (exact int32 sums; L = 0 at 4 bits)
 // evaluated per block as t = fma(L, 1/254, H) (t = H at 4 bits: the same value), v = t · s,
 // acc = fma(d, v, acc), blocks in k order; q4_k then takes its offset off the same block:
