@@ -112,8 +112,11 @@ inline float tile_scale(QuantFormat f, const std::uint8_t* t, std::int64_t n) { 
 // a tile's sc bytes follow its nibbles, then its mn bytes.
 constexpr std::int64_t q4k_tile_bytes = 576, q4k_super_bytes = 128, q4k_super_blocks = 8;
 constexpr std::int64_t q4k_sc = 512, q4k_mn = 544;  // offsets in a tile
+inline std::int64_t q4k_super_offset(std::int64_t kb, std::int64_t b) {
+  return kb * q4k_tile_bytes + b / q4k_super_blocks * q4k_super_bytes;
+}
 inline const std::uint8_t* q4k_super(const std::uint8_t* group, std::int64_t kb, std::int64_t b) {
-  return group + kb * q4k_tile_bytes + b / q4k_super_blocks * q4k_super_bytes;
+  return group + q4k_super_offset(kb, b);
 }
 // Block b's d and m for row n of a group (exact products: see quant.hpp).
 inline void q4k_block_dm(const std::uint8_t* group, std::int64_t kb, std::int64_t b, std::int64_t n, float& d, float& m) {
@@ -216,8 +219,17 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
     for (std::int64_t r = 0; r < rows; ++r) {
       const ActRow a = act_row(x, r);
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      [[maybe_unused]] __m256 D[4], M[4];  // q4_k: the current super-block's D and M, 32 rows
       for (std::int64_t b = 0; b < kb; ++b) {
         const std::uint8_t* t = group + b * tb;
+        if constexpr (F == QuantFormat::q4_k)
+          if (b % q4k_super_blocks == 0) {
+            const std::uint8_t* sup = q4k_super(group, kb, b);
+            for (int i = 0; i < 4; ++i) {
+              D[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16 * i)));
+              M[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 64 + 16 * i)));
+            }
+          }
         __m256i H[4], L[4];
         for (int i = 0; i < 4; ++i) H[i] = L[i] = _mm256_setzero_si256();
         const std::int8_t* xh = a.hi + 32 * b;
@@ -258,11 +270,8 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
           const __m256 tt = uses_low_part(F) ? _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[i]), c, _mm256_cvtepi32_ps(H[i]))
                                              : _mm256_cvtepi32_ps(H[i]);
           if constexpr (F == QuantFormat::q4_k) {
-            const std::uint8_t* sup = q4k_super(group, kb, b);
-            const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16 * i)));
-            const __m256 M = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 64 + 16 * i)));
-            const __m256 d = _mm256_mul_ps(D, u8_to_ps_avx2(t + q4k_sc + 8 * i));
-            const __m256 m = _mm256_mul_ps(M, u8_to_ps_avx2(t + q4k_mn + 8 * i));
+            const __m256 d = _mm256_mul_ps(D[i], u8_to_ps_avx2(t + q4k_sc + 8 * i));
+            const __m256 m = _mm256_mul_ps(M[i], u8_to_ps_avx2(t + q4k_mn + 8 * i));
             acc[i] = _mm256_fmadd_ps(d, _mm256_mul_ps(tt, s), acc[i]);
             acc[i] = _mm256_fnmadd_ps(m, z, acc[i]);
           } else {
@@ -746,7 +755,7 @@ void quantize_q4k_super(const TensorView& W, std::int64_t row, std::int64_t n, s
     dmax = std::max(dmax, d[b - b0]);
     mmax = std::max(mmax, m[b - b0]);
   }
-  std::uint8_t* sup = group + kb * q4k_tile_bytes + b0 / q4k_super_blocks * q4k_super_bytes;
+  std::uint8_t* sup = group + q4k_super_offset(kb, b0);
   const std::uint16_t Dh = finite ? to_half(dmax / 255.0f) : std::uint16_t{0x7e00};
   const std::uint16_t Mh = finite ? to_half(mmax / 255.0f) : std::uint16_t{0x7e00};
   std::memcpy(sup + 2 * n, &Dh, 2);
