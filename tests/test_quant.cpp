@@ -170,6 +170,57 @@ TEST_CASE("q4_k: every value within a step of its block's range, the squared err
   }
 }
 
+TEST_CASE("q4_k's fit: every kernel gives the definition's bits, super-block by super-block", "[quant]") {
+  // The AVX-512 fit runs a super-block's 8 blocks side by side; it must give fit_q4k_block's bits
+  // for every block (so an image is the same whichever CPU packed it), including the branches: zero
+  // blocks (d = 0), blocks whose offset is refitted to 0, signed zeros, tiny and large magnitudes.
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> kind_of(0, 9);
+  const bool vector_fit = cpu::quant_kernel() >= cpu::QuantKernel::avx512vnni;
+  if (!vector_fit) WARN("no AVX-512 here: the fit's vector path is not exercised (the scalar one is)");
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    float w[8][32];
+    for (auto& block : w) {
+      const int kind = kind_of(rng);
+      const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 60) - 40);  // 2^-40 .. 2^19
+      for (float& v : block) {
+        const float g = nd(rng) * scale;
+        v = kind == 0   ? 0.0f                            // all zero: flat
+            : kind == 1 ? -0.0f                           // signed zeros
+            : kind == 2 ? -0.75f * scale                  // all equal and negative
+            : kind == 3 ? std::fabs(g) + scale            // all positive: the offset refits to 0
+            : kind == 4 ? -std::fabs(g) - 0.5f * scale    // all negative
+            : kind == 5 ? (rng() % 8 == 0 ? 0.0f : g)     // sparse
+            : g;
+      }
+      if (kind == 6) block[rng() % 32] = 40.0f * scale;  // one outlier
+      if (kind == 7) block[rng() % 32] = 0.5f * scale;   // one value off a flat block
+      if (kind == 7)
+        for (float& v : block)
+          if (v != 0.5f * scale) v = 0.25f * scale;
+    }
+    const int n[8] = {32, 32, 32, 32, 32, 32, 32, 32};
+    float d[8], m[8];
+    for (auto k : {cpu::QuantKernel::scalar, cpu::quant_kernel()}) {
+      cpu::fit_q4k_blocks(k, w, n, 8, d, m);
+      for (int b = 0; b < 8; ++b) {
+        float d1, m1;
+        cpu::fit_q4k_block(w[b], 32, d1, m1);
+        INFO(fmt::format("trial {} block {} kernel {}: d {} vs {}, m {} vs {}", trial, b, cpu::quant_kernel_name(k), d[b],
+                         d1, m[b], m1));
+        REQUIRE(std::memcmp(&d[b], &d1, 4) == 0);
+        REQUIRE(std::memcmp(&m[b], &m1, 4) == 0);
+        REQUIRE(d1 >= 0.0f);
+        REQUIRE(m1 >= 0.0f);
+        ++checked;
+      }
+    }
+  }
+  REQUIRE(checked == 400 * 8 * 2);
+}
+
 TEST_CASE("quantised formats: a non-finite weight makes its block NaN, never a saturated scale", "[quant]") {
   std::mt19937 rng(11);
   ThreadPool pool(2);

@@ -677,65 +677,6 @@ std::size_t quant_image_bytes(QuantFormat f, std::int64_t out, std::int64_t in) 
 
 namespace {
 
-// q4_k's fit of one block (quant.hpp): d ≥ 0 and m ≥ 0 with w ≈ d · q − m, q ∈ [0, 15], for its n
-// valid values (the zero padding past a row's end is not fitted: its activations are zero).
-// Weighted least squares in double over float candidates; deterministic.
-void fit_q4k_block(const float* w, int n, float& d_out, float& m_out) {
-  constexpr float nmax = 15.0f;
-  float lo = 0.0f, hi = 0.0f, sum2 = 0.0f;
-  for (int i = 0; i < n; ++i) {
-    lo = std::min(lo, w[i]);
-    hi = std::max(hi, w[i]);
-    sum2 += w[i] * w[i];
-  }
-  d_out = 0.0f;
-  m_out = -lo;
-  if (!(hi > lo)) return;  // all zero, or all equal to lo < 0: q = 0, m = -lo
-  const float av = std::sqrt(sum2 / static_cast<float>(n));
-  float wt[32];
-  for (int i = 0; i < n; ++i) wt[i] = av + std::fabs(w[i]);
-  // Weighted squared error of (d, m0), m0 = -m ≤ 0, with q rounded against them.
-  auto error = [&](float d, float m0) {
-    double e = 0.0;
-    for (int i = 0; i < n; ++i) {
-      const float q = std::clamp(round_even((w[i] - m0) / d), 0.0f, nmax);
-      const double r = static_cast<double>(q * d + m0 - w[i]);
-      e += wt[i] * r * r;
-    }
-    return e;
-  };
-  float best_d = (hi - lo) / nmax, best_m0 = lo;
-  double best = error(best_d, best_m0);
-  for (int step = 0; step <= 20; ++step) {
-    const float iscale = (nmax - 1.0f + 0.1f * static_cast<float>(step)) / (hi - lo);
-    double sw = 0, sl = 0, sl2 = 0, sx = 0, sxl = 0;
-    for (int i = 0; i < n; ++i) {
-      const double q = std::clamp(round_even(iscale * (w[i] - lo)), 0.0f, nmax);
-      sw += wt[i];
-      sl += wt[i] * q;
-      sl2 += wt[i] * q * q;
-      sx += wt[i] * w[i];
-      sxl += wt[i] * w[i] * q;
-    }
-    const double det = sw * sl2 - sl * sl;
-    if (!(det > 0.0)) continue;
-    double d = (sw * sxl - sx * sl) / det, m0 = (sl2 * sx - sl * sxl) / det;
-    if (m0 > 0.0) {  // the offset may only lower the values (m ≥ 0): refit d alone
-      m0 = 0.0;
-      d = sxl / sl2;
-    }
-    if (!(d > 0.0)) continue;
-    const double e = error(static_cast<float>(d), static_cast<float>(m0));
-    if (e < best) {
-      best = e;
-      best_d = static_cast<float>(d);
-      best_m0 = static_cast<float>(m0);
-    }
-  }
-  d_out = best_d;
-  m_out = -best_m0;
-}
-
 // One row's super-block (blocks b0 .. b1 - 1 of row `row`) of a q4_k group: its D and M, its
 // blocks' sc, mn and nibbles (quant.hpp). A super-block with a NaN or infinite weight gets NaN D
 // and M and zero integers, so the outputs it touches are NaN (as q4_0 does per block).
@@ -743,15 +684,19 @@ void quantize_q4k_super(const TensorView& W, std::int64_t row, std::int64_t n, s
                         std::uint8_t* group, std::int64_t kb) {
   const std::int64_t out = W.dim(0), in = W.dim(1);
   float v[q4k_super_blocks][32] = {}, d[q4k_super_blocks] = {}, m[q4k_super_blocks] = {};
+  int valid[q4k_super_blocks] = {};
   bool finite = true;
-  float dmax = 0.0f, mmax = 0.0f;
   for (std::int64_t b = b0; b < b1; ++b) {
-    const int valid = row < out ? static_cast<int>(std::min<std::int64_t>(32, in - 32 * b)) : 0;
-    for (int j = 0; j < valid; ++j) {
+    valid[b - b0] = row < out ? static_cast<int>(std::min<std::int64_t>(32, in - 32 * b)) : 0;
+    for (int j = 0; j < valid[b - b0]; ++j) {
       v[b - b0][j] = weight_at(W, row, 32 * b + j);
       finite = finite && std::isfinite(v[b - b0][j]);
     }
-    if (finite && valid > 0) fit_q4k_block(v[b - b0], valid, d[b - b0], m[b - b0]);
+  }
+  // Padding rows (valid 0) keep d = m = 0; a block of fewer values is fitted to those alone.
+  if (finite && row < out) fit_q4k_blocks(quant_kernel(), v, valid, static_cast<int>(b1 - b0), d, m);
+  float dmax = 0.0f, mmax = 0.0f;
+  for (std::int64_t b = b0; b < b1; ++b) {
     dmax = std::max(dmax, d[b - b0]);
     mmax = std::max(mmax, m[b - b0]);
   }

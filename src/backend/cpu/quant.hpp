@@ -18,7 +18,8 @@
 //         (weights mean|w|² root + |w|, so large weights count more; m clamped at ≥ 0), the best by
 //         weighted squared error; then D = max d / 255, M = max m / 255 (halves), sc = round(d / D),
 //         mn = round(m / M), and q = clamp(round((w + M·mn) / (D·sc)), 0, 15) against the stored
-//         values. D·sc and M·mn are exact in float (11 × 8 significant bits).
+//         values. D·sc and M·mn are exact in float (11 × 8 significant bits). The fit is
+//         quant_fit.cpp's, the same bits on every CPU.
 // Image layout (the order the kernels read; every kernel reads the same image). Output rows in
 // groups of 32, each group's blocks in increasing k; a (group, k block) tile is the 32 rows'
 // integers then their 64 bytes of scales (row order):
@@ -80,6 +81,12 @@ std::size_t quant_image_bytes(QuantFormat f, std::int64_t out, std::int64_t in) 
 // Quantises rows [row0, row1) of W (bf16, f16 or f32; row0 a multiple of 32, row1 one too or
 // W.dim(0)) into their groups of the image (padding rows included). Deterministic.
 void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0, std::int64_t row1, std::byte* image);
+
+// q4_k's fit (above) of `count` ≤ 8 blocks of one row's super-block, block b's first n[b] values
+// (n[b] ≥ 1): d[b] ≥ 0 and m[b] ≥ 0. Kernel k picks the instructions (AVX-512 fits a whole
+// super-block's 8 full blocks side by side), never the bits: every kernel gives fit_q4k_block's.
+void fit_q4k_blocks(QuantKernel k, const float (*w)[32], const int* n, int count, float* d, float* m);
+void fit_q4k_block(const float* w, int n, float& d, float& m);  // the definition, one block
 
 // The value the image holds for W[n][k] (tests, and the reference).
 float quant_image_value(QuantFormat f, const std::byte* image, std::int64_t out, std::int64_t in, std::int64_t n,
