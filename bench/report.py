@@ -69,7 +69,9 @@ def main():
     bp = bf["prefill"]["tok_s"] if bf else None
     s_bd = f"{bd:.2f} ({100 * bf['decode'].get('fraction_of_roofline', bd / roof):.0f}%)" if bd else "–"
     s_ld = f"{ld:.2f} ({100 * ld / roof:.0f}%)" if ld else "–"
-    print(f"| decode, batch 1 (tok/s) | {d:.2f} ({100 * r['decode'].get('fraction_of_roofline', d / roof):.0f}% of roofline) | {s_bd} | {s_ld} | "
+    step = r["decode"].get("fraction_of_step_roofline")
+    s_step = f"; {100 * step:.0f}% of the step's" if step else ""
+    print(f"| decode, batch 1 (tok/s) | {d:.2f} ({100 * r['decode'].get('fraction_of_roofline', d / roof):.0f}% of roofline{s_step}) | {s_bd} | {s_ld} | "
           f"{ratio(d, ld)} / {ratio(bd, ld)} |")
     print(f"| prefill, {r['prefill']['tokens']} tokens (tok/s) | {pf:.0f} | {fmt(bp)} | {fmt(lp)} | {ratio(pf, lp)} / {ratio(bp, lp)} |")
     if "batch_decode" in r:

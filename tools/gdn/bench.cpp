@@ -10,7 +10,9 @@
 //   - the machine's memory read bandwidth (STREAM-style sum over a buffer far larger than the
 //     caches, all threads, in a child process so it stays out of the peak RSS), and the decode
 //     roofline = weight bytes read per token / bandwidth;
-//   - batch-1 decode tokens/s (median of --runs runs after a warm-up) and its fraction of the roofline;
+//   - batch-1 decode tokens/s (median of --runs runs after a warm-up) and its fraction of that
+//     roofline and of the step's (the weights, the recurrent state read and written, and the KV
+//     cache of the context read: every byte a decode step must move, as the CUDA bench counts);
 //   - prefill tokens/s for a --prompt-tokens prompt;
 //   - aggregate decode tokens/s at each batch size, decode cost at each context length;
 //   - peak RSS, GDN state bytes per sequence, KV bytes per token, heap allocations per decode step
@@ -334,14 +336,23 @@ ContextParams batch1_params(int prompt_tokens, int decode_tokens, int runs, int 
 struct Batch1Speeds {
   std::vector<double> prefill_tok_s, decode_tok_s;  // one per timed run
   // Each decode run's tokens/s over its own roofline: the bandwidth probed just before and just
-  // after that run (this VM's bandwidth can jump by 1.5x from one second to the next).
-  std::vector<double> decode_fraction;
+  // after that run (this VM's bandwidth can jump by 1.5x from one second to the next), with the
+  // weights' bytes alone (decode_fraction) and with every byte of the step (decode_fraction_step).
+  std::vector<double> decode_fraction, decode_fraction_step;
 };
 
-// A short bandwidth measurement (GB/s) taken around each decode run, and the weight bytes per token.
+// A short bandwidth measurement (GB/s) taken around each decode run, and the bytes a batch-1
+// decode step moves at the least: every weight once; the sequence's recurrent state (GDN and conv)
+// read and written, as it changes every token and the weight stream evicts it between tokens (20 MB
+// each way for the 0.8B shape: a tenth of its 4-bit weights); the KV cache of its context read.
 struct RooflineProbe {
   std::function<double()> gb_s;
   std::int64_t weight_bytes = 0;
+  std::int64_t state_bytes = 0;       // read and written: 2 × the state per sequence
+  std::int64_t kv_bytes_per_token = 0;
+  double step_bytes(double context) const {
+    return static_cast<double>(weight_bytes + state_bytes) + static_cast<double>(kv_bytes_per_token) * context;
+  }
 };
 
 // Batch-1 prefill of `prompt` and `decode_tokens` single steps on sequence `s`, `runs` timed runs
@@ -361,8 +372,13 @@ Batch1Speeds run_batch1(Context& ctx, SeqId s, std::span<const Token> prompt, in
     if (r > 0) {
       out.prefill_tok_s.push_back(static_cast<double>(prompt.size()) / tp);
       out.decode_tok_s.push_back(decode_tokens / td);
-      if (probe != nullptr)
-        out.decode_fraction.push_back(decode_tokens / td / (0.5 * (bw0 + bw1) * 1e9 / static_cast<double>(probe->weight_bytes)));
+      if (probe != nullptr) {
+        const double bytes_per_s = 0.5 * (bw0 + bw1) * 1e9, tok_s = decode_tokens / td;
+        // The steps read the KV of prompt + 1 ... prompt + decode_tokens positions.
+        const double context = static_cast<double>(prompt.size()) + 0.5 * (decode_tokens + 1);
+        out.decode_fraction.push_back(tok_s / (bytes_per_s / static_cast<double>(probe->weight_bytes)));
+        out.decode_fraction_step.push_back(tok_s / (bytes_per_s / probe->step_bytes(context)));
+      }
       alloc_steps += decode_tokens;
     }
   }
@@ -772,7 +788,12 @@ int bench(int argc, char** argv) {
   // Where a mode's figures go in the JSON: float32 at the top level, bf16 under "bf16_inputs".
   const auto section = [&](MatmulInput mi) -> json& { return mi == MatmulInput::bf16 ? out["bf16_inputs"] : out; };
   // The bandwidth probed around each batch-1 decode run: 512 MiB, in a child process, ~0.1 s.
-  const RooflineProbe probe{[&] { return meter.measure(std::min<std::int64_t>(o.stream_bytes, 512 << 20), 2).median_gbs; }, wbytes};
+  RooflineProbe probe{[&] { return meter.measure(std::min<std::int64_t>(o.stream_bytes, 512 << 20), 2).median_gbs; }, wbytes};
+  {
+    const Context sizes(model, batch1_params(1, 1, 0, 1));
+    probe.state_bytes = 2 * sizes.gdn_state_bytes_per_sequence();
+    probe.kv_bytes_per_token = sizes.kv_bytes_per_token();
+  }
   for (const MatmulInput mi : inputs) {
     Context ctx(model, batch1_params(P, N, o.runs, o.threads, mi));
     const SeqId s = ctx.create_sequence();
@@ -782,9 +803,12 @@ int bench(int argc, char** argv) {
     const std::vector<double>& pre = b1.prefill_tok_s;
     const std::vector<double>& dec = b1.decode_tok_s;
     const double d = median(dec), pf = median(pre), frac = median(b1.decode_fraction);
+    const double frac_step = median(b1.decode_fraction_step);
     json& dst = section(mi);
     dst["decode"] = {{"tok_s", d}, {"runs", dec}, {"tokens", N}, {"context", P}, {"fraction_of_roofline", frac},
-                     {"fraction_of_roofline_runs", b1.decode_fraction}};
+                     {"fraction_of_roofline_runs", b1.decode_fraction}, {"fraction_of_step_roofline", frac_step},
+                     {"fraction_of_step_roofline_runs", b1.decode_fraction_step},
+                     {"step_bytes", probe.step_bytes(P + 0.5 * (N + 1))}};
     dst["prefill"] = {{"tok_s", pf}, {"runs", pre}, {"tokens", P}};
     if (mi == MatmulInput::float32) {
       out["peak_rss_bytes_batch1"] = peak_rss_bytes();
@@ -794,6 +818,9 @@ int bench(int argc, char** argv) {
     fmt::print("prefill {:5d} tokens  {:.1f} tok/s (median of {}){}\n", P, pf, pre.size(), input_label(mi));
     fmt::print("decode batch 1       {:.2f} tok/s (median of {} x {} tokens) = {:.1f}% of the roofline probed around each "
                "run{}\n", d, dec.size(), N, 100.0 * frac, input_label(mi));
+    fmt::print("                     {:.1f}% of the step's: {:.1f} MB weights + {:.1f} MB state read and written + "
+               "{:.1f} MB KV at {} positions\n", 100.0 * frac_step, static_cast<double>(wbytes) / 1e6,
+               static_cast<double>(probe.state_bytes) / 1e6, probe.kv_bytes_per_token * (P + 0.5 * (N + 1)) / 1e6, P);
     if (mi == MatmulInput::float32)
       fmt::print("state per sequence   {:.2f} MB GDN state + {} bytes KV per token\n",
                  static_cast<double>(ctx.gdn_state_bytes_per_sequence()) / 1e6, ctx.kv_bytes_per_token());
@@ -921,14 +948,15 @@ int bench(int argc, char** argv) {
     Batch batch;
     batch.reserve(4, static_cast<std::size_t>(P));
     json rounds = json::array();
-    std::vector<double> r_dec, r_pre, f_ours, f_probed, f_peer, rb_dec, rb_pre, fb_ours, fb_probed;
+    std::vector<double> r_dec, r_pre, f_ours, f_probed, f_step, f_peer, rb_dec, rb_pre, fb_ours, fb_probed;
     for (int round = 0; round < o.rounds; ++round) {
-      double od = 0, op = 0, of = 0, bd = 0, bp = 0, bf = 0, ld = 0, lp = 0;
+      double od = 0, op = 0, of = 0, ofs = 0, bd = 0, bp = 0, bf = 0, ld = 0, lp = 0;
       const auto ours = [&] {
         const Batch1Speeds b1 = run_batch1(ctx, s, prompt, N, o.runs, batch, allocs, alloc_steps, &probe);
         od = median(b1.decode_tok_s);
         op = median(b1.prefill_tok_s);
         of = median(b1.decode_fraction);
+        ofs = median(b1.decode_fraction_step);
       };
       const auto ours_bf16 = [&] {
         const Batch1Speeds b1 = run_batch1(*ctx_bf16, s_bf16, prompt, N, o.runs, batch, allocs, alloc_steps, &probe);
@@ -963,12 +991,14 @@ int bench(int argc, char** argv) {
       const auto roof_of = [&](int who) { return bw_of[who] * 1e9 / static_cast<double>(wbytes); };
       const double roof = roof_of(0), roof_peer = roof_of(2);
       json rj = {{"order", round % 2 == 0 ? "ours first" : "peer first"}, {"bandwidth_gb_s", bws},
-                 {"ours", {{"decode_tok_s", od}, {"prefill_tok_s", op}, {"roofline_tok_s", roof}, {"fraction_probed", of}}},
+                 {"ours", {{"decode_tok_s", od}, {"prefill_tok_s", op}, {"roofline_tok_s", roof}, {"fraction_probed", of},
+                           {"fraction_probed_step", ofs}}},
                  {"llama_cpp", {{"decode_tok_s", ld}, {"prefill_tok_s", lp}, {"roofline_tok_s", roof_peer}}}};
       r_dec.push_back(od / ld);
       r_pre.push_back(op / lp);
       f_ours.push_back(od / roof);
       f_probed.push_back(of);
+      f_step.push_back(ofs);
       f_peer.push_back(ld / roof_peer);
       std::string bf16_text;
       if (ctx_bf16) {
@@ -989,6 +1019,7 @@ int bench(int argc, char** argv) {
     if (!r_dec.empty()) {
       json med = {{"decode_ratio", median(r_dec)}, {"prefill_ratio", median(r_pre)},
                   {"ours_fraction_of_roofline", median(f_ours)}, {"ours_fraction_of_roofline_probed", median(f_probed)},
+                  {"ours_fraction_of_step_roofline_probed", median(f_step)},
                   {"llama_cpp_fraction_of_roofline", median(f_peer)}};
       if (!rb_dec.empty())
         med["bf16_inputs"] = {{"decode_ratio", median(rb_dec)}, {"prefill_ratio", median(rb_pre)},
@@ -996,8 +1027,10 @@ int bench(int argc, char** argv) {
                               {"ours_fraction_of_roofline_probed", median(fb_probed)}};
       out["head_to_head"] = {{"rounds", rounds}, {"median", med}};
       fmt::print("head to head, median of {} rounds: decode {:.2f}x llama.cpp, prefill {:.2f}x; batch-1 decode at "
-                 "{:.1f}% of the roofline bracketing it ({:.1f}% probed around each run; llama.cpp {:.1f}%)\n",
-                 r_dec.size(), median(r_dec), median(r_pre), 100 * median(f_ours), 100 * median(f_probed), 100 * median(f_peer));
+                 "{:.1f}% of the roofline bracketing it ({:.1f}% probed around each run, {:.1f}% of the step's; "
+                 "llama.cpp {:.1f}%)\n",
+                 r_dec.size(), median(r_dec), median(r_pre), 100 * median(f_ours), 100 * median(f_probed), 100 * median(f_step),
+                 100 * median(f_peer));
       if (!rb_dec.empty())
         fmt::print("  with bf16 matmul inputs: decode {:.2f}x llama.cpp ({:.1f}% of the roofline), prefill {:.2f}x\n",
                    median(rb_dec), 100 * median(fb_ours), median(rb_pre));
