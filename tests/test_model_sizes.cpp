@@ -8,6 +8,7 @@
 //   chunked GDN == recurrent GDN (float32 rounding),
 //   a batch of three sequences == each alone (bit for bit), also for the decode steps after,
 //   packed weights == weights read in place (bit for bit), finite logits everywhere,
+//   the same identities for each quantised format (its mapped image == quantising at load),
 //   and the MTP head and a bf16 state run.
 // ctest runs this file once per CPU target the machine has (GDN_CPU_KERNEL=avx2, scalar too).
 
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gdn/model/packed_image.hpp"
 #include "random_checkpoint.hpp"
 #include "test_util.hpp"
 
@@ -176,6 +178,41 @@ TEST_CASE("every accepted size runs: prefill == decode, chunked == recurrent, ba
       bp.state_dtype = DType::bf16;
       Context bf(packed, bp);
       CHECK(all_finite(test::prefill_logits(bf, prompt)));
+
+      // Quantised weights at this size, every format (docs/quantization.md): finite; prefill ==
+      // token-by-token decode and a batch == each alone, bit for bit (activations are quantised per
+      // row, so a row's result never depends on the others); the image `gdn pack` writes, mapped,
+      // == quantising at load, bit for bit; near the float logits (test_quant_model bounds the
+      // error against an independent dequantised reference).
+      for (const WeightQuant wq : {WeightQuant::q8_0, WeightQuant::q4_0, WeightQuant::q4_k, WeightQuant::q4_k_m}) {
+        INFO("quant " << weight_quant_name(wq));
+        ModelParams qp;
+        qp.quant = wq;
+        qp.weights = WeightPlacement::packed;
+        const auto qm = Model::load(dir.str(), qp);
+        Context qc(qm, params());
+        const auto ql = test::prefill_logits(qc, prompt);
+        REQUIRE(all_finite(ql));
+        CHECK(same_bits(ql, test::decode_logits(qc, prompt)));
+        Context qb(qm, params(16));
+        const auto qt = batch_run(qb, prompts, 2, true), qa = batch_run(qb, prompts, 2, false);
+        for (std::size_t i = 0; i < prompts.size(); ++i) CHECK(same_bits(qt[i], qa[i]));
+        std::vector<float> diff(ql.size());
+        for (std::size_t i = 0; i < ql.size(); ++i) diff[i] = ql[i] - prefill[i];
+        UNSCOPED_INFO("logit RMS error " << rms(diff) / rms(prefill) << " of the float logits' RMS");
+        // Measured over these sizes: q8_0 0.005–0.023 of the float logits' RMS, the 4-bit formats
+        // 0.04–0.22 (a wrong scale or nibble order gives about 1).
+        CHECK(rms(diff) <= (wq == WeightQuant::q8_0 ? 0.06 : 0.5) * rms(prefill));
+        PackImageOptions po;
+        po.quant = wq;
+        write_packed_image(dir.str(), po);
+        ModelParams ip = qp;
+        ip.weights = WeightPlacement::image;
+        const auto im = Model::load(dir.str(), ip);
+        REQUIRE(im->weight_placement() == WeightPlacement::image);
+        Context ic(im, params());
+        CHECK(same_bits(test::prefill_logits(ic, prompt), ql));
+      }
 
       if (packed->has_mtp()) {
         Context m(packed, params());
