@@ -128,6 +128,16 @@ inline void q4k_block_dm(const std::uint8_t* group, std::int64_t kb, std::int64_
 inline std::int64_t group_bytes(QuantFormat f, std::int64_t kb) {
   return kb * (int_bytes(f) + 64) + (f == QuantFormat::q4_k ? (kb + q4k_super_blocks - 1) / q4k_super_blocks * q4k_super_bytes : 0);
 }
+// q4_k's super-block scales sit after the group's tiles, away from the stream the kernels read, so
+// the hardware prefetchers never fetch them: each was a miss the block's epilogue waited for, four
+// per group of a 1024-column weight (the q4_k kernel streamed 0.78× a plain read from memory at
+// one row, two threads; q4_0 0.95×). The kernels ask for the next group's scales as they start a
+// group (a prefetch never faults, past the image's end too).
+inline void prefetch_next_q4k_scales(const std::uint8_t* group, std::int64_t kb) {
+  const std::uint8_t* next = q4k_super(group + group_bytes(QuantFormat::q4_k, kb), kb, 0);
+  for (std::int64_t o = 0; o < (kb + q4k_super_blocks - 1) / q4k_super_blocks * q4k_super_bytes; o += 64)
+    __builtin_prefetch(next + o);
+}
 
 // One row's parts of the quantised activations.
 struct ActRow {
@@ -216,6 +226,7 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
   for (std::int64_t n = n0; n < n1; n += 32) {
     const std::uint8_t* group = image + (n / 32) * group_bytes(F, kb);
     const std::int64_t valid = std::min<std::int64_t>(32, out - n);
+    if constexpr (F == QuantFormat::q4_k) prefetch_next_q4k_scales(group, kb);
     for (std::int64_t r = 0; r < rows; ++r) {
       const ActRow a = act_row(x, r);
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -302,21 +313,29 @@ GDN_T_VNNI inline __m512 block_step16_high(__m512i H, __m512 s, __m512 d, __m512
   return _mm512_fmadd_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(H), s), acc);
 }
 
-// How far ahead of the weight stream the VNNI kernel prefetches into L1 (0: not at all). Measured
-// at batch-1 decode of the 0.8B shape on two cores: on an Intel AMX host 2 KiB ahead took q8_0
-// from 75% to 83% of the roofline and q4_0 from 64% to 68% (8 KiB and more were slower than none);
-// on an AMD Zen 4 host the hardware prefetchers follow the one sequential stream on their own, and
-// the software prefetches only took L1 miss buffers from the demand loads: without them 46.7
-// against 35.1 tok/s at q8_0 and 58.4 against 51.4 at q4_0 (medians of four alternating rounds).
-// Other vendors are treated as AMD's (no software prefetch). A property of the machine, read once.
-std::int64_t vnni_prefetch_bytes() {
-  static const std::int64_t bytes = [] {
+// How far ahead of the weight stream the VNNI kernel prefetches (0: not at all), and into which
+// cache. Measured at batch-1 decode of the 0.8B shape on two cores: on an Intel AMX host 2 KiB
+// ahead into L1 took q8_0 from 75% to 83% of the roofline and q4_0 from 64% to 68% (8 KiB and more
+// were slower than none). On an AMD Zen 4 host the hardware prefetchers keep up with the q8_0 and
+// q4_0 kernels on their own, and software prefetches only took L1 miss buffers from the demand
+// loads: without them 46.7 against 35.1 tok/s at q8_0 and 58.4 against 51.4 at q4_0 (medians of
+// four alternating rounds); two threads over a 113 MB image there stream 0.95–1.1× a plain read of
+// it (q4_0, q8_0), where q4_k — its epilogue about a third more instructions per block — streamed
+// 0.71–0.76×, and 0.83–0.85× with the stream prefetched 18 KiB ahead into L2 (T0 at 1–9 KiB,
+// T1 or T2 at 4–72 KiB were no better). Other vendors are treated as AMD's. A property of the
+// machine, read once.
+struct StreamPrefetch {
+  std::int64_t ahead = 0;  // bytes
+  bool to_l2 = false;      // _MM_HINT_T2, else _MM_HINT_T0
+};
+StreamPrefetch vnni_stream_prefetch(QuantFormat f) {
+  static const bool intel = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return std::int64_t{0};
-    const bool intel = ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu;  // "GenuineIntel"
-    return intel ? std::int64_t{2048} : std::int64_t{0};
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+    return ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu;  // "GenuineIntel"
   }();
-  return bytes;
+  if (intel) return {2048, false};
+  return f == QuantFormat::q4_k ? StreamPrefetch{18432, true} : StreamPrefetch{};
 }
 
 // 16 bytes (q4_k's sc or mn of 16 rows) as floats.
@@ -326,20 +345,24 @@ GDN_T_VNNI inline __m512 u8_to_ps16(const std::uint8_t* p) {
 
 template <QuantFormat F, int R>
 GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActRow* a, float* y, std::int64_t ldy,
-                          std::int64_t valid, std::int64_t prefetch_ahead) {
+                          std::int64_t valid, StreamPrefetch prefetch) {
   constexpr std::int64_t tb = F == QuantFormat::q8_0 ? 1088 : 576, ib = F == QuantFormat::q8_0 ? 1024 : 512;
   constexpr int zero_point = F == QuantFormat::q8_0 ? 128 : F == QuantFormat::q4_0 ? 8 : 0;
   __m512 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
   [[maybe_unused]] __m512 D0, D1, M0, M1;  // q4_k: the current super-block's D and M, 32 rows
-  // The weight stream is prefetched `prefetch_ahead` bytes ahead into L1 where that measured faster
-  // (vnni_prefetch_bytes; a range is one sequential stream, so this runs on into the next group; a
-  // prefetch never faults).
+  if constexpr (F == QuantFormat::q4_k) prefetch_next_q4k_scales(group, kb);
+  // The weight stream is prefetched where that measured faster (vnni_stream_prefetch; a range is
+  // one sequential stream, so this runs on into the next group; a prefetch never faults).
   for (std::int64_t b = 0; b < kb; ++b) {
     const std::uint8_t* t = group + b * tb;
-    if (prefetch_ahead > 0)
-      for (std::int64_t o = 0; o < tb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(t + prefetch_ahead + o), _MM_HINT_T0);
+    if (prefetch.ahead > 0)
+      for (std::int64_t o = 0; o < tb; o += 64) {
+        const char* p = reinterpret_cast<const char*>(t + prefetch.ahead + o);
+        if (prefetch.to_l2) _mm_prefetch(p, _MM_HINT_T2);
+        else _mm_prefetch(p, _MM_HINT_T0);
+      }
     [[maybe_unused]] __m512i H0[R], H1[R], L0[R], L1[R];  // L: q8_0 only
     for (int r = 0; r < R; ++r) H0[r] = H1[r] = L0[r] = L1[r] = _mm512_setzero_si512();
     // q4 at one or two rows: the high nibbles' products in chains of their own, so the two
@@ -445,9 +468,9 @@ template <QuantFormat F>
 void vnni_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, std::int64_t n0, std::int64_t n1,
                 const QuantActivations& x, std::int64_t rows, float* y, std::int64_t ldy) {
   constexpr int max_rows = 4;
-  using Tile = void (*)(const std::uint8_t*, std::int64_t, const ActRow*, float*, std::int64_t, std::int64_t, std::int64_t);
+  using Tile = void (*)(const std::uint8_t*, std::int64_t, const ActRow*, float*, std::int64_t, std::int64_t, StreamPrefetch);
   static constexpr Tile tiles[max_rows + 1] = {nullptr, vnni_tile<F, 1>, vnni_tile<F, 2>, vnni_tile<F, 3>, vnni_tile<F, 4>};
-  const std::int64_t prefetch_ahead = vnni_prefetch_bytes();
+  const StreamPrefetch prefetch = vnni_stream_prefetch(F);
   for (std::int64_t n = n0; n < n1; n += 32) {
     const std::uint8_t* group = image + (n / 32) * group_bytes(F, kb);
     const std::int64_t valid = std::min<std::int64_t>(32, out - n);
@@ -455,7 +478,8 @@ void vnni_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, st
       const int R = static_cast<int>(std::min<std::int64_t>(max_rows, rows - r));
       ActRow a[max_rows];
       for (int i = 0; i < R; ++i) a[i] = act_row(x, r + i);
-      tiles[R](group, kb, a, y + r * ldy + n, ldy, valid, prefetch_ahead);
+      // Only the first sweep of a group reads it from memory; later ones find it in L1/L2.
+      tiles[R](group, kb, a, y + r * ldy + n, ldy, valid, r == 0 ? prefetch : StreamPrefetch{});
     }
   }
 }
