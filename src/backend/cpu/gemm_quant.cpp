@@ -166,6 +166,40 @@ inline float block_step_high(std::int32_t H, float s, float d, float acc) {
 // computes it with these scalar operations, then acc = fma(−m, Σh · s, acc) per lane.
 inline float offset_factor(const ActRow& a, std::int64_t b) { return static_cast<float>(a.sums[2 * b]) * a.scale[b]; }
 
+// How far ahead of the weight stream a kernel prefetches (0: not at all), and into which cache.
+// Measured at batch-1 decode of the 0.8B shape on two cores: on an Intel AMX host 2 KiB ahead into
+// L1 took q8_0 from 75% to 83% of the roofline and q4_0 from 64% to 68% (8 KiB and more were
+// slower than none). On an AMD Zen 4 host the hardware prefetchers keep up with the VNNI q8_0 and
+// q4_0 kernels on their own, and software prefetches only took L1 miss buffers from the demand
+// loads: without them 46.7 against 35.1 tok/s at q8_0 and 58.4 against 51.4 at q4_0 (medians of
+// four alternating rounds). There, two threads at one row over a 113 MB image stream 0.95–1.1× a
+// plain read of it with the VNNI q4_0 and q8_0 kernels, where VNNI q4_k — its epilogue about a
+// third more instructions per block — streamed 0.71–0.76×, and 0.83–0.85× with the stream
+// prefetched 18 KiB ahead into L2 (T0 at 1–9 KiB, T1 or T2 at 4–72 KiB were no better; for q8_0
+// and q4_0 it cost 5–20%); the AVX2 kernels (GDN_CPU_KERNEL=avx2) q4_k 0.49–0.57× → 0.77×, q8_0
+// 0.91× → 0.95× with it, q4_0 0.98× without. Other vendors are treated as AMD's; the AVX2 kernels
+// on Intel CPUs were not measured and do not prefetch. A property of the machine, read once.
+struct StreamPrefetch {
+  std::int64_t ahead = 0;  // bytes
+  bool to_l2 = false;      // _MM_HINT_T2, else _MM_HINT_T0
+};
+[[maybe_unused]] StreamPrefetch stream_prefetch(QuantKernel k, QuantFormat f) {
+  static const bool intel = [] {
+#if GDN_X86
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+    return ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu;  // "GenuineIntel"
+#else
+    return false;
+#endif
+  }();
+  constexpr StreamPrefetch l2_far{18432, true};
+  if (k == QuantKernel::avx2)
+    return !intel && (f == QuantFormat::q4_k || f == QuantFormat::q8_0) ? l2_far : StreamPrefetch{};
+  if (intel) return {2048, false};
+  return f == QuantFormat::q4_k ? l2_far : StreamPrefetch{};
+}
+
 // ------------------------------------------------------------------------------------------------
 // Scalar.
 
@@ -223,6 +257,7 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
                             const QuantActivations& x, std::int64_t rows, float* y, std::int64_t ldy) {
   const std::int64_t tb = quant_tile_bytes(F);
   const __m256i nib = _mm256_set1_epi8(0x0F);
+  const StreamPrefetch prefetch = stream_prefetch(QuantKernel::avx2, F);
   for (std::int64_t n = n0; n < n1; n += 32) {
     const std::uint8_t* group = image + (n / 32) * group_bytes(F, kb);
     const std::int64_t valid = std::min<std::int64_t>(32, out - n);
@@ -233,6 +268,12 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
       [[maybe_unused]] __m256 D[4], M[4];  // q4_k: the current super-block's D and M, 32 rows
       for (std::int64_t b = 0; b < kb; ++b) {
         const std::uint8_t* t = group + b * tb;
+        if (prefetch.ahead > 0 && r == 0)  // the first row's sweep reads the group from memory
+          for (std::int64_t o = 0; o < tb; o += 64) {
+            const char* p = reinterpret_cast<const char*>(t + prefetch.ahead + o);
+            if (prefetch.to_l2) _mm_prefetch(p, _MM_HINT_T2);
+            else _mm_prefetch(p, _MM_HINT_T0);
+          }
         if constexpr (F == QuantFormat::q4_k)
           if (b % q4k_super_blocks == 0) {
             const std::uint8_t* sup = q4k_super(group, kb, b);
@@ -313,31 +354,6 @@ GDN_T_VNNI inline __m512 block_step16_high(__m512i H, __m512 s, __m512 d, __m512
   return _mm512_fmadd_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(H), s), acc);
 }
 
-// How far ahead of the weight stream the VNNI kernel prefetches (0: not at all), and into which
-// cache. Measured at batch-1 decode of the 0.8B shape on two cores: on an Intel AMX host 2 KiB
-// ahead into L1 took q8_0 from 75% to 83% of the roofline and q4_0 from 64% to 68% (8 KiB and more
-// were slower than none). On an AMD Zen 4 host the hardware prefetchers keep up with the q8_0 and
-// q4_0 kernels on their own, and software prefetches only took L1 miss buffers from the demand
-// loads: without them 46.7 against 35.1 tok/s at q8_0 and 58.4 against 51.4 at q4_0 (medians of
-// four alternating rounds); two threads over a 113 MB image there stream 0.95–1.1× a plain read of
-// it (q4_0, q8_0), where q4_k — its epilogue about a third more instructions per block — streamed
-// 0.71–0.76×, and 0.83–0.85× with the stream prefetched 18 KiB ahead into L2 (T0 at 1–9 KiB,
-// T1 or T2 at 4–72 KiB were no better). Other vendors are treated as AMD's. A property of the
-// machine, read once.
-struct StreamPrefetch {
-  std::int64_t ahead = 0;  // bytes
-  bool to_l2 = false;      // _MM_HINT_T2, else _MM_HINT_T0
-};
-StreamPrefetch vnni_stream_prefetch(QuantFormat f) {
-  static const bool intel = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
-    return ebx == 0x756e6547u && edx == 0x49656e69u && ecx == 0x6c65746eu;  // "GenuineIntel"
-  }();
-  if (intel) return {2048, false};
-  return f == QuantFormat::q4_k ? StreamPrefetch{18432, true} : StreamPrefetch{};
-}
-
 // 16 bytes (q4_k's sc or mn of 16 rows) as floats.
 GDN_T_VNNI inline __m512 u8_to_ps16(const std::uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -353,7 +369,7 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
   [[maybe_unused]] __m512 D0, D1, M0, M1;  // q4_k: the current super-block's D and M, 32 rows
   if constexpr (F == QuantFormat::q4_k) prefetch_next_q4k_scales(group, kb);
-  // The weight stream is prefetched where that measured faster (vnni_stream_prefetch; a range is
+  // The weight stream is prefetched where that measured faster (stream_prefetch; a range is
   // one sequential stream, so this runs on into the next group; a prefetch never faults).
   for (std::int64_t b = 0; b < kb; ++b) {
     const std::uint8_t* t = group + b * tb;
@@ -470,7 +486,7 @@ void vnni_range(const std::uint8_t* image, std::int64_t kb, std::int64_t out, st
   constexpr int max_rows = 4;
   using Tile = void (*)(const std::uint8_t*, std::int64_t, const ActRow*, float*, std::int64_t, std::int64_t, StreamPrefetch);
   static constexpr Tile tiles[max_rows + 1] = {nullptr, vnni_tile<F, 1>, vnni_tile<F, 2>, vnni_tile<F, 3>, vnni_tile<F, 4>};
-  const StreamPrefetch prefetch = vnni_stream_prefetch(F);
+  const StreamPrefetch prefetch = stream_prefetch(QuantKernel::avx512vnni, F);
   for (std::int64_t n = n0; n < n1; n += 32) {
     const std::uint8_t* group = image + (n / 32) * group_bytes(F, kb);
     const std::int64_t valid = std::min<std::int64_t>(32, out - n);
