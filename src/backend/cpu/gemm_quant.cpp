@@ -199,6 +199,14 @@ struct StreamPrefetch {
   if (intel) return {2048, false};
   return f == QuantFormat::q4_k ? l2_far : StreamPrefetch{};
 }
+// Prefetches the tile `pf.ahead` bytes past tile t (tb bytes), line by line (locality 1 is T2, 3 T0).
+inline void prefetch_tile(const std::uint8_t* t, std::int64_t tb, StreamPrefetch pf) {
+  for (std::int64_t o = 0; o < tb; o += 64) {
+    const std::uint8_t* p = t + pf.ahead + o;
+    if (pf.to_l2) __builtin_prefetch(p, 0, 1);
+    else __builtin_prefetch(p, 0, 3);
+  }
+}
 
 // ------------------------------------------------------------------------------------------------
 // Scalar.
@@ -268,12 +276,7 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
       [[maybe_unused]] __m256 D[4], M[4];  // q4_k: the current super-block's D and M, 32 rows
       for (std::int64_t b = 0; b < kb; ++b) {
         const std::uint8_t* t = group + b * tb;
-        if (prefetch.ahead > 0 && r == 0)  // the first row's sweep reads the group from memory
-          for (std::int64_t o = 0; o < tb; o += 64) {
-            const char* p = reinterpret_cast<const char*>(t + prefetch.ahead + o);
-            if (prefetch.to_l2) _mm_prefetch(p, _MM_HINT_T2);
-            else _mm_prefetch(p, _MM_HINT_T0);
-          }
+        if (prefetch.ahead > 0 && r == 0) prefetch_tile(t, tb, prefetch);  // the first row's sweep reads from memory
         if constexpr (F == QuantFormat::q4_k)
           if (b % q4k_super_blocks == 0) {
             const std::uint8_t* sup = q4k_super(group, kb, b);
@@ -373,12 +376,7 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
   // one sequential stream, so this runs on into the next group; a prefetch never faults).
   for (std::int64_t b = 0; b < kb; ++b) {
     const std::uint8_t* t = group + b * tb;
-    if (prefetch.ahead > 0)
-      for (std::int64_t o = 0; o < tb; o += 64) {
-        const char* p = reinterpret_cast<const char*>(t + prefetch.ahead + o);
-        if (prefetch.to_l2) _mm_prefetch(p, _MM_HINT_T2);
-        else _mm_prefetch(p, _MM_HINT_T0);
-      }
+    if (prefetch.ahead > 0) prefetch_tile(t, tb, prefetch);
     [[maybe_unused]] __m512i H0[R], H1[R], L0[R], L1[R];  // L: q8_0 only
     for (int r = 0; r < R; ++r) H0[r] = H1[r] = L0[r] = L1[r] = _mm512_setzero_si512();
     // q4 at one or two rows: the high nibbles' products in chains of their own, so the two
