@@ -31,6 +31,13 @@ struct alignas(64) TileConfig {
 };
 #endif
 
+// Round to nearest, ties to even, for |v| < 2²² (float32 arithmetic, so the same in every build):
+// the quantisers' rounding (quant.hpp), in gemm_quant.cpp and quant_fit.cpp alike.
+inline float round_even(float v) {
+  constexpr float magic = 12582912.0f;  // 1.5 · 2²³
+  return v >= 0.0f ? (v + magic) - magic : -((-v + magic) - magic);
+}
+
 // Output rows per block of a panel image (two 16-row panels; see cpu_gemm_panel.cpp).
 constexpr std::int64_t panel_block_rows = 32;
 

@@ -52,11 +52,7 @@ constexpr float low_part_weight = 1.0f / 254.0f;  // l's weight in x ≈ s (h + 
 std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
 std::int64_t int_bytes(QuantFormat f) { return f == QuantFormat::q8_0 ? 1024 : 512; }
 
-// Round to nearest, ties to even, for |v| < 2²² (float32 arithmetic, so the same in every build).
-inline float round_even(float v) {
-  constexpr float magic = 12582912.0f;  // 1.5 · 2²³
-  return v >= 0.0f ? (v + magic) - magic : -((-v + magic) - magic);
-}
+using detail::round_even;
 
 // float → IEEE half, round to nearest even (the scales: finite, ≥ 0 or ≤ 0; overflow saturates to
 // the largest half, since a scale is never meant to be infinite).

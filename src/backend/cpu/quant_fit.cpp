@@ -30,14 +30,9 @@
 namespace gdn::cpu {
 namespace {
 
+using detail::round_even;
 constexpr float fit_nmax = 15.0f;
 constexpr int fit_candidates = 21;
-constexpr float round_magic = 12582912.0f;  // 1.5 · 2²³: as gemm_quant.cpp's round_even
-
-// Round to nearest, ties to even, for |v| < 2²²; the same operations as gemm_quant.cpp's.
-inline float round_even(float v) {
-  return v >= 0.0f ? (v + round_magic) - round_magic : -((-v + round_magic) - round_magic);
-}
 
 // The candidates' inverse steps: (nmax − 1 + 0.1 · step) in float, as the definition computes them.
 inline float candidate_steps(int step) { return (fit_nmax - 1.0f) + 0.1f * static_cast<float>(step); }
@@ -111,8 +106,9 @@ GDN_T_FIT inline __m256 select(__m256 mask, __m256 yes, __m256 no) { return _mm2
 GDN_T_FIT inline __m256 lt(__m256 a, __m256 b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
 GDN_T_FIT inline __m256 neg(__m256 v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }
 
+// detail::round_even, lane by lane.
 GDN_T_FIT inline __m256 round_even8(__m256 v) {
-  const __m256 magic = _mm256_set1_ps(round_magic);
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
   const __m256 pos = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
   const __m256 negv = neg(_mm256_sub_ps(_mm256_add_ps(neg(v), magic), magic));
   return select(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GE_OQ), pos, negv);
