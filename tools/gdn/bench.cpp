@@ -789,13 +789,11 @@ int bench(int argc, char** argv) {
   const auto section = [&](MatmulInput mi) -> json& { return mi == MatmulInput::bf16 ? out["bf16_inputs"] : out; };
   // The bandwidth probed around each batch-1 decode run: 512 MiB, in a child process, ~0.1 s.
   RooflineProbe probe{[&] { return meter.measure(std::min<std::int64_t>(o.stream_bytes, 512 << 20), 2).median_gbs; }, wbytes};
-  {
-    const Context sizes(model, batch1_params(1, 1, 0, 1));
-    probe.state_bytes = 2 * sizes.gdn_state_bytes_per_sequence();
-    probe.kv_bytes_per_token = sizes.kv_bytes_per_token();
-  }
+  const double step_context = P + 0.5 * (N + 1);  // the mean context a batch-1 run's steps read (run_batch1)
   for (const MatmulInput mi : inputs) {
     Context ctx(model, batch1_params(P, N, o.runs, o.threads, mi));
+    probe.state_bytes = 2 * ctx.gdn_state_bytes_per_sequence();  // the same for every input mode
+    probe.kv_bytes_per_token = ctx.kv_bytes_per_token();
     const SeqId s = ctx.create_sequence();
     Batch batch;
     batch.reserve(4, static_cast<std::size_t>(P));
@@ -808,7 +806,7 @@ int bench(int argc, char** argv) {
     dst["decode"] = {{"tok_s", d}, {"runs", dec}, {"tokens", N}, {"context", P}, {"fraction_of_roofline", frac},
                      {"fraction_of_roofline_runs", b1.decode_fraction}, {"fraction_of_step_roofline", frac_step},
                      {"fraction_of_step_roofline_runs", b1.decode_fraction_step},
-                     {"step_bytes", probe.step_bytes(P + 0.5 * (N + 1))}};
+                     {"step_bytes", probe.step_bytes(step_context)}};
     dst["prefill"] = {{"tok_s", pf}, {"runs", pre}, {"tokens", P}};
     if (mi == MatmulInput::float32) {
       out["peak_rss_bytes_batch1"] = peak_rss_bytes();
@@ -820,7 +818,7 @@ int bench(int argc, char** argv) {
                "run{}\n", d, dec.size(), N, 100.0 * frac, input_label(mi));
     fmt::print("                     {:.1f}% of the step's: {:.1f} MB weights + {:.1f} MB state read and written + "
                "{:.1f} MB KV at {} positions\n", 100.0 * frac_step, static_cast<double>(wbytes) / 1e6,
-               static_cast<double>(probe.state_bytes) / 1e6, probe.kv_bytes_per_token * (P + 0.5 * (N + 1)) / 1e6, P);
+               static_cast<double>(probe.state_bytes) / 1e6, probe.kv_bytes_per_token * step_context / 1e6, P);
     if (mi == MatmulInput::float32)
       fmt::print("state per sequence   {:.2f} MB GDN state + {} bytes KV per token\n",
                  static_cast<double>(ctx.gdn_state_bytes_per_sequence()) / 1e6, ctx.kv_bytes_per_token());

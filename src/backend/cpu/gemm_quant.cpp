@@ -121,8 +121,10 @@ inline void q4k_block_dm(const std::uint8_t* group, std::int64_t kb, std::int64_
   d = half_at(sup, n) * static_cast<float>(t[q4k_sc + n]);
   m = half_at(sup + 64, n) * static_cast<float>(t[q4k_mn + n]);
 }
+// A q4_k group's super-block scales, after its kb tiles.
+inline std::int64_t q4k_scale_bytes(std::int64_t kb) { return (kb + q4k_super_blocks - 1) / q4k_super_blocks * q4k_super_bytes; }
 inline std::int64_t group_bytes(QuantFormat f, std::int64_t kb) {
-  return kb * (int_bytes(f) + 64) + (f == QuantFormat::q4_k ? (kb + q4k_super_blocks - 1) / q4k_super_blocks * q4k_super_bytes : 0);
+  return kb * (int_bytes(f) + 64) + (f == QuantFormat::q4_k ? q4k_scale_bytes(kb) : 0);
 }
 // q4_k's super-block scales sit after the group's tiles, away from the stream the kernels read, so
 // the hardware prefetchers never fetch them: each was a miss the block's epilogue waited for, four
@@ -131,8 +133,7 @@ inline std::int64_t group_bytes(QuantFormat f, std::int64_t kb) {
 // group (a prefetch never faults, past the image's end too).
 inline void prefetch_next_q4k_scales(const std::uint8_t* group, std::int64_t kb) {
   const std::uint8_t* next = q4k_super(group + group_bytes(QuantFormat::q4_k, kb), kb, 0);
-  for (std::int64_t o = 0; o < (kb + q4k_super_blocks - 1) / q4k_super_blocks * q4k_super_bytes; o += 64)
-    __builtin_prefetch(next + o);
+  for (std::int64_t o = 0; o < q4k_scale_bytes(kb); o += 64) __builtin_prefetch(next + o);
 }
 
 // One row's parts of the quantised activations.

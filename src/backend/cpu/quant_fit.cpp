@@ -123,8 +123,8 @@ GDN_T_FIT inline __m256 clamp_q(__m256 v) {
 }
 
 struct Lanes {
-  __m256 w[32], wt[32];
-  __m512d wt_d[32];  // wt as double, and wt · w (a float product) as double
+  __m256 w[32];
+  __m512d wt_d[32];  // the weights wt as double, and wt · w (a float product) as double
   __m512d wtw_d[32];
 };
 
@@ -152,9 +152,9 @@ GDN_T_FIT void fit_q4k_8(const float (*w)[32], float* d_out, float* m_out) {
   const __m256 av = _mm256_sqrt_ps(_mm256_div_ps(sum2, _mm256_set1_ps(32.0f)));
   __m512d sw = _mm512_setzero_pd(), sx = _mm512_setzero_pd();
   for (int i = 0; i < 32; ++i) {
-    L.wt[i] = _mm256_add_ps(av, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), L.w[i]));
-    L.wt_d[i] = _mm512_cvtps_pd(L.wt[i]);
-    L.wtw_d[i] = _mm512_cvtps_pd(_mm256_mul_ps(L.wt[i], L.w[i]));
+    const __m256 wt = _mm256_add_ps(av, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), L.w[i]));
+    L.wt_d[i] = _mm512_cvtps_pd(wt);
+    L.wtw_d[i] = _mm512_cvtps_pd(_mm256_mul_ps(wt, L.w[i]));
     sw = _mm512_add_pd(sw, L.wt_d[i]);
     sx = _mm512_add_pd(sx, L.wtw_d[i]);
   }
