@@ -59,6 +59,8 @@ GDN_QUANTS = [("q8_0", "q8_0", None), ("q4_0", "q4_0", None), ("q4_0, lm_head q4
 GDN_BITS = {"q8_0": (8.5, 8.5, None), "q4_0": (4.5, 8.5, None), "q4_0, lm_head q4_0": (4.5, 4.5, None),
             "q4_k": (4.625, 8.5, None), "q4_k, lm_head q4_k": (4.625, 4.625, None),
             "q4_k_m": (4.625, 8.5, 8.5), "q4_k_m, lm_head q4_k": (4.625, 4.625, 8.5)}
+# Under q4_k_m a q4_k matrix whose rows are not whole super-blocks of 256 columns is q5_0 (5.5 bits),
+# as llama.cpp's Q4_K_M falls back to Q5_0 there.
 
 
 def more_bits_layer(i, n):
@@ -255,6 +257,8 @@ def gdn_bits(gguf_path, bits, lm_bits, more_bits=None):
         elif more_bits and t.name.startswith("blk.") and t.name.split(".")[2] in ("attn_v", "attn_qkv", "ffn_down") \
                 and more_bits_layer(int(t.name.split(".")[1]), layers):
             b = more_bits
+        if more_bits and b == 4.625 and int(t.shape[0]) % 256 != 0:  # GGUF shape[0]: the input columns
+            b = 5.5
         total += b * int(t.n_elements)
         n += int(t.n_elements)
     return total / n
@@ -399,7 +403,8 @@ def print_table(results):
     for name, m in results["models"].items():
         for label, r in m["libgdn"].items():
             bits, lm_bits, more = GDN_BITS[label]
-            base = "q4_k, q8_0 where Q4_K_M gives more bits" if more else label.split(",")[0]
+            base = ("q4_k (q5_0 in rows not of whole super-blocks), q8_0 where Q4_K_M gives more bits" if more
+                    else label.split(",")[0])
             types = f"{base} ×all" if bits == lm_bits and not more else \
                 f"{base}; output {'q8_0' if lm_bits == 8.5 else label.split()[-1]}"
             print(f"| {name} | libgdn {label} | {r['bits_per_weight']:.2f} ({types}; embedding bf16) | {r['rms']:.4f} | "

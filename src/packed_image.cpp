@@ -52,9 +52,10 @@ std::uint64_t packed_layout_elements(std::string_view layout, std::int64_t rows,
   // The same as cpu::weight_image_elements (test_packed_image checks that they agree).
   if (layout == "panels") return (r + 31) / 32 * ((c + 1) / 2) * 64;
   if (layout == "amx_tiles") return round_up(r, 32) * round_up(c, 32);
-  // Quantised tiles of 32 rows × 32 columns: 1024 + 64 bytes (q8_0), 512 + 64 (q4_0, q4_k), and
-  // q4_k's 128 bytes per 32 rows and super-block of 8 tiles; see cpu/quant.hpp.
+  // Quantised tiles of 32 rows × 32 columns: 1024 + 64 bytes (q8_0), 640 + 64 (q5_0), 512 + 64
+  // (q4_0, q4_k), and q4_k's 128 bytes per 32 rows and super-block of 8 tiles; see cpu/quant.hpp.
   if (layout == "q8_0") return round_up(r, 32) / 32 * (round_up(c, 32) / 32) * 544;
+  if (layout == "q5_0") return round_up(r, 32) / 32 * (round_up(c, 32) / 32) * 352;
   if (layout == "q4_0") return round_up(r, 32) / 32 * (round_up(c, 32) / 32) * 288;
   if (layout == "q4_k") return round_up(r, 32) / 32 * ((round_up(c, 32) / 32) * 288 + round_up(c, 256) / 256 * 64);
   return 0;
@@ -169,7 +170,10 @@ PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std
   PackedImageHeader h;
   h.weight_encoding = text(j, "weight_encoding");
   h.quant_block = static_cast<std::int64_t>(std::min<std::uint64_t>(count(j, "quant_block"), 1u << 30));
+  // An image's layout is one a quant names; its tensors may also hold q5_0 (q4_k_m's format for
+  // rows of partial super-blocks).
   const auto quant_name = [](const std::string& e) { return e == "q8_0" || e == "q4_0" || e == "q4_k"; };
+  const auto tensor_quant_name = [&](const std::string& e) { return quant_name(e) || e == "q5_0"; };
   const bool quantized = quant_name(h.weight_encoding);
   if (h.weight_encoding != "bf16" && !quantized)
     bad(what, fmt::format("weight encoding '{}' is not one this libgdn reads (bf16, q8_0, q4_0, q4_k)", h.weight_encoding.substr(0, 64)));
@@ -210,7 +214,7 @@ PackedImageHeader parse_packed_image_header(std::span<const std::byte> file, std
     t.bytes = count(e, "bytes");
     // Absent in images written before tensors had their own encoding: the header's.
     t.encoding = e.contains("encoding") ? text(e, "encoding") : h.layout;
-    if (quantized ? !quant_name(t.encoding) : t.encoding != h.layout)
+    if (quantized ? !tensor_quant_name(t.encoding) : t.encoding != h.layout)
       bad(what, fmt::format("tensor '{}' has encoding '{}', which a {} image cannot hold", t.name, t.encoding.substr(0, 64),
                             h.layout));
     if (rows == 0 || cols == 0 || rows > (1u << 30) || cols > (1u << 30))

@@ -51,9 +51,15 @@ struct Image {
 };
 
 cpu::QuantFormat format_of(cpu::WeightImage l) {
-  return l == cpu::WeightImage::q8_0 ? cpu::QuantFormat::q8_0 : l == cpu::WeightImage::q4_0 ? cpu::QuantFormat::q4_0 : cpu::QuantFormat::q4_k;
+  switch (l) {
+    case cpu::WeightImage::q8_0: return cpu::QuantFormat::q8_0;
+    case cpu::WeightImage::q5_0: return cpu::QuantFormat::q5_0;
+    case cpu::WeightImage::q4_0: return cpu::QuantFormat::q4_0;
+    default: return cpu::QuantFormat::q4_k;
+  }
 }
-constexpr cpu::WeightImage all_formats[] = {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0, cpu::WeightImage::q4_k};
+constexpr cpu::WeightImage all_formats[] = {cpu::WeightImage::q8_0, cpu::WeightImage::q5_0, cpu::WeightImage::q4_0,
+                                            cpu::WeightImage::q4_k};
 
 const cpu::LinearKernel kernels[] = {cpu::LinearKernel::scalar, cpu::LinearKernel::avx2, cpu::linear_kernel()};
 
@@ -94,7 +100,7 @@ std::vector<double> quantised_activations(cpu::QuantFormat f, const std::vector<
 
 TEST_CASE("quantised formats: each block's scale and values follow the stated rounding", "[quant]") {
   std::mt19937 rng(7);
-  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q4_0}) {
+  for (auto layout : {cpu::WeightImage::q8_0, cpu::WeightImage::q5_0, cpu::WeightImage::q4_0}) {
     for (auto [out, in] : {std::pair<std::int64_t, std::int64_t>{33, 40}, {64, 96}, {7, 5}}) {
       const Weight W(out, in, rng);
       const Image img(layout, W.view);
@@ -106,15 +112,16 @@ TEST_CASE("quantised formats: each block's scale and values follow the stated ro
             amax = std::max(amax, std::fabs(W.at(n, j)));
             if (std::fabs(W.at(n, j)) > std::fabs(m)) m = W.at(n, j);
           }
-          const float d = layout == cpu::WeightImage::q8_0 ? amax / 127.0f : m / -8.0f;
+          const float d = layout == cpu::WeightImage::q8_0 ? amax / 127.0f : layout == cpu::WeightImage::q5_0 ? m / -16.0f : m / -8.0f;
           // The stored scale: d rounded to half (relative error ≤ 2⁻¹¹), recovered from any value.
           for (std::int64_t j = b * 32; j < std::min(in, b * 32 + 32); ++j) {
             const float w = W.at(n, j), v = cpu::quant_image_value(f, img.bytes(), out, in, n, j);
             // Within half a step of the weight (plus the scale's rounding over the range of q); for
-            // q4_0, a value of the extreme's opposite sign beyond 7.5 steps is clamped to 7 (as in
-            // llama.cpp's Q4_0).
-            const float qmax = layout == cpu::WeightImage::q8_0 ? 127.0f : 8.0f;
-            const float clamped = layout == cpu::WeightImage::q4_0 ? std::fabs(w) - 7.0f * std::fabs(d) * 0.999f : 0.0f;
+            // q4_0 (q5_0), a value of the extreme's opposite sign beyond 7.5 (15.5) steps is clamped
+            // to 7 (15), as in llama.cpp's Q4_0 (Q5_0).
+            const float qmax = layout == cpu::WeightImage::q8_0 ? 127.0f : layout == cpu::WeightImage::q5_0 ? 16.0f : 8.0f;
+            const float top = layout == cpu::WeightImage::q5_0 ? 15.0f : 7.0f;
+            const float clamped = layout != cpu::WeightImage::q8_0 ? std::fabs(w) - top * std::fabs(d) * 0.999f : 0.0f;
             INFO(fmt::format("{} [{}, {}] n {} k {}: w {} v {} d {}", cpu::weight_image_name(layout), out, in, n, j, w, v, d));
             REQUIRE(std::fabs(w - v) <= std::max(std::fabs(d) * (0.5f + qmax * 0.0005f), clamped) + 1e-9f);
           }
@@ -269,8 +276,9 @@ TEST_CASE("quantised kernels: accurate against float64, bit-identical across ker
   for (auto layout : all_formats) {
     // 9 and 37 rows: on an AMX-INT8 CPU the batched calls take the tile path (one partial chunk of
     // 16 rows; two full chunks and a partial one) and the single rows the VNNI one.
+    // 2 and 3 rows: the VNNI kernel's R = 2 and R = 3 tiles.
     for (auto [out, in, rows] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{96, 64, 9}, {70, 100, 37}, {33, 1024, 9},
-                                 {256, 32, 37}, {5, 7, 9}}) {
+                                 {256, 32, 37}, {5, 7, 9}, {64, 384, 2}, {40, 160, 3}}) {
       const Weight W(out, in, rng);
       const Image img(layout, W.view);
       const auto f = format_of(layout);

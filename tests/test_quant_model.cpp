@@ -42,11 +42,12 @@ float nearest_half(float x) {
 
 // One row of a weight, block-quantised and dequantised as the format states: blocks of 32 input
 // columns, q8_0 d = max|w| / 127, q = round(w / d) in [-127, 127]; q4_0 d = m / -8 (m the block's
-// value of largest magnitude), q = clamp(round(w / d), -8, 7); d rounded to half first. q4_k's
-// fitted scales are the library's own (the row packed alone, then read back value by value):
-// test_quant checks the fit, this test that the model reads what was packed.
-void quantize_row(WeightQuant q, float* w, std::int64_t in) {
-  if (q == WeightQuant::q4_k) {
+// value of largest magnitude), q = clamp(round(w / d), -8, 7); q5_0 d = m / -16, q in [-16, 15];
+// d rounded to half first. q4_k's fitted scales are the library's own (the row packed alone, then
+// read back value by value): test_quant checks the fit, this test that the model reads what was
+// packed.
+void quantize_row(cpu::QuantFormat q, float* w, std::int64_t in) {
+  if (q == cpu::QuantFormat::q4_k) {
     TensorView row;
     row.dtype = DType::f32;
     row.rank = 2;
@@ -66,8 +67,9 @@ void quantize_row(WeightQuant q, float* w, std::int64_t in) {
     float m = 0.0f;
     for (std::int64_t j = 0; j < n; ++j)
       if (std::fabs(w[b + j]) > std::fabs(m)) m = w[b + j];
-    const float d = nearest_half(q == WeightQuant::q8_0 ? std::fabs(m) / 127.0f : m / -8.0f);
-    const float lo = q == WeightQuant::q8_0 ? -127.0f : -8.0f, hi = q == WeightQuant::q8_0 ? 127.0f : 7.0f;
+    const float zero = q == cpu::QuantFormat::q5_0 ? 16.0f : 8.0f;
+    const float d = nearest_half(q == cpu::QuantFormat::q8_0 ? std::fabs(m) / 127.0f : m / -zero);
+    const float lo = q == cpu::QuantFormat::q8_0 ? -127.0f : -zero, hi = q == cpu::QuantFormat::q8_0 ? 127.0f : zero - 1.0f;
     for (std::int64_t j = 0; j < n; ++j)
       w[b + j] = d == 0.0f ? 0.0f : d * std::clamp(std::nearbyint(w[b + j] / d), lo, hi);
   }
@@ -93,9 +95,13 @@ bool more_bits(const std::string& name, int layers) {
                    name.ends_with("linear_attn.in_proj_qkvz.weight") || name.ends_with("mlp.down_proj.weight"));
 }
 
+cpu::QuantFormat format_of(WeightQuant q) {
+  return q == WeightQuant::q8_0 ? cpu::QuantFormat::q8_0 : q == WeightQuant::q4_0 ? cpu::QuantFormat::q4_0 : cpu::QuantFormat::q4_k;
+}
+
 // `src` with every projection replaced by its dequantised values, as float32, in `dst`: the
-// lm_head (an untied checkpoint's lm_head.weight) at `lm_head`, the rest at `q` (q4_k_m: q4_k, and
-// q8_0 where it gives more bits).
+// lm_head (an untied checkpoint's lm_head.weight) at `lm_head`, the rest at `q` (q4_k_m: q4_k, q8_0
+// where it gives more bits, and q5_0 for the rest where rows are not whole super-blocks of 256).
 int write_dequantized(const std::string& src, const std::string& dst, WeightQuant q, WeightQuant lm_head) {
   test::TensorMap tensors = test::read_tensors(src);
   const nlohmann::json config = test::read_config(src);
@@ -105,7 +111,8 @@ int write_dequantized(const std::string& src, const std::string& dst, WeightQuan
     if (!is_projection(name, t)) continue;
     std::vector<float> v = t.floats();
     const WeightQuant base = q == WeightQuant::q4_k_m ? (more_bits(name, layers) ? WeightQuant::q8_0 : WeightQuant::q4_k) : q;
-    const WeightQuant f = name == "lm_head.weight" ? lm_head : base;
+    cpu::QuantFormat f = format_of(name == "lm_head.weight" ? lm_head : base);
+    if (q == WeightQuant::q4_k_m && f == cpu::QuantFormat::q4_k && t.shape[1] % 256 != 0) f = cpu::QuantFormat::q5_0;
     for (std::int64_t r = 0; r < t.shape[0]; ++r) quantize_row(f, v.data() + r * t.shape[1], t.shape[1]);
     t.dtype = DType::f32;
     t.bytes.resize(v.size() * sizeof(float));

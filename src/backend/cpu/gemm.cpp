@@ -36,7 +36,12 @@ namespace {
 
 // The quantised format a quantised image layout holds.
 QuantFormat quant_format(WeightImage layout) noexcept {
-  return layout == WeightImage::q8_0 ? QuantFormat::q8_0 : layout == WeightImage::q4_0 ? QuantFormat::q4_0 : QuantFormat::q4_k;
+  switch (layout) {
+    case WeightImage::q8_0: return QuantFormat::q8_0;
+    case WeightImage::q5_0: return QuantFormat::q5_0;
+    case WeightImage::q4_0: return QuantFormat::q4_0;
+    default: return QuantFormat::q4_k;
+  }
 }
 
 constexpr std::int64_t tile_u16 = 512;  // one AMX tile, 16 rows × 64 bytes, in uint16
@@ -692,6 +697,7 @@ std::size_t weight_image_elements(WeightImage layout, std::int64_t out, std::int
     case WeightImage::amx_tiles: return static_cast<std::size_t>(round_up(out, 32) * round_up(in, 32));
     case WeightImage::panels: return static_cast<std::size_t>(detail::panel_image_elements(out, in));
     case WeightImage::q8_0: return quant_image_bytes(QuantFormat::q8_0, out, in) / 2;
+    case WeightImage::q5_0: return quant_image_bytes(QuantFormat::q5_0, out, in) / 2;
     case WeightImage::q4_0: return quant_image_bytes(QuantFormat::q4_0, out, in) / 2;
     case WeightImage::q4_k: return quant_image_bytes(QuantFormat::q4_k, out, in) / 2;
     default: return 0;

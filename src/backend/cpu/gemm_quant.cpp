@@ -1,4 +1,4 @@
-// Quantised projection weights (q8_0, q4_0, q4_k): quantisation of weights and activations, and the
+// Quantised projection weights (q8_0, q5_0, q4_0, q4_k): quantisation of weights and activations, and the
 // integer dot-product kernels — AMX-INT8 tiles (from 4 activation rows), AVX-512 VNNI (vpdpbusd),
 // AVX2 (vpmaddubsw) and scalar. quant.hpp
 // states the formats and the arithmetic every kernel shares (so all give bit-identical results).
@@ -14,12 +14,13 @@
 // a 2-core machine (512-token prefill of the 0.8B shape 1.4–1.6× faster without it).
 //
 // vpdpbusd multiplies unsigned by signed bytes: the activation parts are the signed operand, the
-// weights the unsigned one — q4_0 nibbles are stored as q + 8 ∈ [0, 15], q8 values are flipped to
+// weights the unsigned one — q4_0 nibbles are stored as q + 8 ∈ [0, 15], q5_0's q + 16 ∈ [0, 31]
+// as a nibble and a fifth bit (set into the byte by one masked add), q8 values are flipped to
 // q + 128 by one xor per 64 bytes — and the offset times the block's sum of activation parts is
 // subtracted from the int32 sum (exact); q4_k's nibbles are q ∈ [0, 15] already, its offset m a
 // float term of its own. AVX2's vpmaddubsw saturates its 16-bit pair sums, which
 // 255 · 127 · 2 would: q8 goes through |q| and sign(h, q) (127 · 127 · 2 fits), q4's nibbles fit as
-// they are.
+// they are (q5_0's too: 31 · 127 · 2 < 2¹⁵).
 
 #include <algorithm>
 #include <bit>
@@ -50,7 +51,9 @@ namespace {
 constexpr float low_part_weight = 1.0f / 254.0f;  // l's weight in x ≈ s (h + l / 254)
 
 std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
-std::int64_t int_bytes(QuantFormat f) { return f == QuantFormat::q8_0 ? 1024 : 512; }
+// Bytes of a tile's integers (its 32 half scales follow): q5_0's are its nibbles, then its fifth bits.
+constexpr std::int64_t int_bytes(QuantFormat f) { return f == QuantFormat::q8_0 ? 1024 : f == QuantFormat::q5_0 ? 640 : 512; }
+constexpr std::int64_t q5_bits = 512;  // offset of q5_0's fifth bits in a tile
 
 using detail::round_even;
 
@@ -91,11 +94,21 @@ inline std::int64_t tile_byte(QuantFormat f, std::int64_t n, std::int64_t j) {
   return g * 128 + p * 64 + r * 4 + j % 4;
 }
 inline bool high_nibble(std::int64_t j) { return j >= 16; }
+// q5_0: the byte of its tile's fifth bits that holds (row n, column j), and the bit in it. The
+// masks of chunk (g, p) are 16 bytes, the low nibbles' 8 then the high nibbles'; bit 4r + j % 4 of
+// a mask is byte 4r + j % 4 of the chunk (r = n % 16).
+inline std::int64_t q5_bit_byte(std::int64_t n, std::int64_t j) {
+  const std::int64_t g = (j % 16) / 4, p = n / 16, bit = 4 * (n % 16) + j % 4;
+  return q5_bits + (2 * g + p) * 16 + (high_nibble(j) ? 8 : 0) + bit / 8;
+}
+inline int q5_bit_shift(std::int64_t n, std::int64_t j) { return static_cast<int>((4 * (n % 16) + j % 4) % 8); }
 
 inline int tile_q(QuantFormat f, const std::uint8_t* t, std::int64_t n, std::int64_t j) {
   const std::uint8_t b = t[tile_byte(f, n, j)];
   if (f == QuantFormat::q8_0) return static_cast<std::int8_t>(b);
-  return (high_nibble(j) ? b >> 4 : b & 0xF) - (f == QuantFormat::q4_0 ? 8 : 0);
+  const int nibble = high_nibble(j) ? b >> 4 : b & 0xF;
+  if (f == QuantFormat::q5_0) return nibble + 16 * ((t[q5_bit_byte(n, j)] >> q5_bit_shift(n, j)) & 1) - 16;
+  return nibble - (f == QuantFormat::q4_0 ? 8 : 0);
 }
 inline float half_at(const std::uint8_t* p, std::int64_t i) {
   std::uint16_t h;
@@ -252,6 +265,17 @@ GDN_T_AVX2Q inline __m256i dot4_avx2(QuantFormat f, __m256i w, __m256i x) {
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
+// q5_0: 32 fifth bits (a little-endian word of a mask, quant.hpp) as bytes of 16 or 0, byte k
+// from bit k: each byte picks its word byte, then tests its bit.
+GDN_T_AVX2Q inline __m256i fifth_bits_avx2(const std::uint8_t* p) {
+  std::int32_t w;
+  std::memcpy(&w, p, 4);
+  const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<std::int64_t>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(w), pick), bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
 // 8 bytes (q4_k's sc or mn of 8 rows) as floats.
 GDN_T_AVX2Q inline __m256 u8_to_ps_avx2(const std::uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -306,12 +330,17 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
             const __m256i vha = _mm256_set1_epi32(ha), vhb = _mm256_set1_epi32(hb);
             for (int i = 0; i < 4; ++i) {
               const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + g * 128 + i * 32));
-              const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+              __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+              if constexpr (F == QuantFormat::q5_0) {  // this slice's half of chunk (g, i / 2)'s masks
+                const std::uint8_t* m = t + q5_bits + (2 * g + i / 2) * 16 + 4 * (i % 2);
+                lo = _mm256_or_si256(lo, fifth_bits_avx2(m));
+                hi = _mm256_or_si256(hi, fifth_bits_avx2(m + 8));
+              }
               H[i] = _mm256_add_epi32(H[i], _mm256_add_epi32(dot4_avx2(F, lo, vha), dot4_avx2(F, hi, vhb)));
             }
           }
-          if constexpr (F == QuantFormat::q4_0) {
-            const __m256i zh = _mm256_set1_epi32(8 * a.sums[2 * b]);
+          if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q5_0) {
+            const __m256i zh = _mm256_set1_epi32((F == QuantFormat::q4_0 ? 8 : 16) * a.sums[2 * b]);
             for (int i = 0; i < 4; ++i) H[i] = _mm256_sub_epi32(H[i], zh);
           }
         }
@@ -354,6 +383,13 @@ GDN_T_VNNI inline __m512 block_step16_high(__m512i H, __m512 s, __m512 d, __m512
   return _mm512_fmadd_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(H), s), acc);
 }
 
+// 8 bytes of q5_0's fifth bits as a byte mask.
+GDN_T_VNNI inline __mmask64 load_mask64(const std::uint8_t* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return _cvtu64_mask64(v);
+}
+
 // 16 bytes (q4_k's sc or mn of 16 rows) as floats.
 GDN_T_VNNI inline __m512 u8_to_ps16(const std::uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -362,8 +398,8 @@ GDN_T_VNNI inline __m512 u8_to_ps16(const std::uint8_t* p) {
 template <QuantFormat F, int R>
 GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActRow* a, float* y, std::int64_t ldy,
                           std::int64_t valid, StreamPrefetch prefetch) {
-  constexpr std::int64_t tb = F == QuantFormat::q8_0 ? 1088 : 576, ib = F == QuantFormat::q8_0 ? 1024 : 512;
-  constexpr int zero_point = F == QuantFormat::q8_0 ? 128 : F == QuantFormat::q4_0 ? 8 : 0;
+  constexpr std::int64_t ib = int_bytes(F), tb = ib + 64;
+  constexpr int zero_point = F == QuantFormat::q8_0 ? 128 : F == QuantFormat::q4_0 ? 8 : F == QuantFormat::q5_0 ? 16 : 0;
   __m512 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
@@ -381,8 +417,9 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
     // stay in place (16·q, still a byte: one mask and no shift per 64 bytes), their chains' sums
     // shifted down once per block — exact int32 sums, so the same result. At one or two rows the
     // nibbles' unpacking, not the products, is most of the instructions. More rows have
-    // independent chains already and share each unpacking.
-    constexpr bool split = F != QuantFormat::q8_0 && R <= 2;
+    // independent chains already and share each unpacking. q5_0's fifth bit would take 16·q past
+    // a byte: it unpacks as the rows below do.
+    constexpr bool split = (F == QuantFormat::q4_0 || F == QuantFormat::q4_k) && R <= 2;
     [[maybe_unused]] __m512i H0b[R], H1b[R];
     if constexpr (split)
       for (int r = 0; r < R; ++r) H0b[r] = H1b[r] = _mm512_setzero_si512();
@@ -404,7 +441,7 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
     } else {
       for (int g = 0; g < 4; ++g) {  // the high part only (quant.hpp)
         const __m512i v0 = _mm512_loadu_si512(t + g * 128), v1 = _mm512_loadu_si512(t + g * 128 + 64);
-        const __m512i lo0 = _mm512_and_si512(v0, nib), lo1 = _mm512_and_si512(v1, nib);
+        __m512i lo0 = _mm512_and_si512(v0, nib), lo1 = _mm512_and_si512(v1, nib);
         __m512i hi0, hi1;
         if constexpr (split) {
           hi0 = _mm512_andnot_si512(nib, v0);
@@ -412,6 +449,14 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
         } else {
           hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), nib);
           hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
+        }
+        if constexpr (F == QuantFormat::q5_0) {  // + 16 where the fifth bit is set
+          const std::uint8_t* m = t + q5_bits + 32 * g;
+          const __m512i sixteen = _mm512_set1_epi8(16);
+          lo0 = _mm512_mask_add_epi8(lo0, load_mask64(m), lo0, sixteen);
+          hi0 = _mm512_mask_add_epi8(hi0, load_mask64(m + 8), hi0, sixteen);
+          lo1 = _mm512_mask_add_epi8(lo1, load_mask64(m + 16), lo1, sixteen);
+          hi1 = _mm512_mask_add_epi8(hi1, load_mask64(m + 24), hi1, sixteen);
         }
         for (int r = 0; r < R; ++r) {
           std::int32_t ha, hb;
@@ -781,7 +826,9 @@ void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0
   for (std::int64_t g = row0 / 32; g < g1; ++g)
     for (std::int64_t b = 0; b < kb; ++b) {
       std::uint8_t* t = img + (g * kb + b) * tb;
-      std::memset(t, f == QuantFormat::q8_0 ? 0 : 0x88, static_cast<std::size_t>(tb));  // q = 0 everywhere
+      // q = 0 everywhere: q4_0's nibbles 8, q5_0's 0 with the fifth bit set (16)
+      std::memset(t, f == QuantFormat::q8_0 || f == QuantFormat::q5_0 ? 0 : 0x88, static_cast<std::size_t>(tb));
+      if (f == QuantFormat::q5_0) std::memset(t + q5_bits, 0xFF, 128);
       for (std::int64_t n = 0; n < 32; ++n) {
         const std::int64_t row = g * 32 + n;
         float v[32] = {};
@@ -796,7 +843,7 @@ void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0
           float m = 0.0f;
           for (float w : v)
             if (std::fabs(w) > std::fabs(m)) m = w;
-          d = m / -8.0f;
+          d = m / (f == QuantFormat::q5_0 ? -16.0f : -8.0f);
         }
         // A block with a NaN or infinite weight has no integer form: its scale is NaN and its
         // integers 0, so the outputs it touches are NaN (as the float kernels' would be).
@@ -813,10 +860,16 @@ void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0
             const float q = ds != 0.0f ? std::clamp(round_even(v[j] / ds), -127.0f, 127.0f) : 0.0f;
             byte = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
           } else {
-            const float q = ds != 0.0f ? std::clamp(round_even(v[j] / ds), -8.0f, 7.0f) : 0.0f;
-            const auto u = static_cast<std::uint8_t>(q + 8.0f);
-            byte = high_nibble(j) ? static_cast<std::uint8_t>((byte & 0x0F) | (u << 4))
-                                  : static_cast<std::uint8_t>((byte & 0xF0) | u);
+            const float z = f == QuantFormat::q5_0 ? 16.0f : 8.0f;  // q + z ≥ 0
+            const float q = ds != 0.0f ? std::clamp(round_even(v[j] / ds), -z, z - 1.0f) : 0.0f;
+            const auto u = static_cast<std::uint8_t>(q + z);
+            byte = high_nibble(j) ? static_cast<std::uint8_t>((byte & 0x0F) | ((u & 0xF) << 4))
+                                  : static_cast<std::uint8_t>((byte & 0xF0) | (u & 0xF));
+            if (f == QuantFormat::q5_0) {
+              std::uint8_t& bits = t[q5_bit_byte(n, j)];
+              const auto mask = static_cast<std::uint8_t>(1u << q5_bit_shift(n, j));
+              bits = static_cast<std::uint8_t>(u >= 16 ? bits | mask : bits & ~mask);
+            }
           }
         }
       }
@@ -965,8 +1018,9 @@ void quant_range(QuantKernel k, QuantFormat f, const std::byte* image, std::int6
   n1 = std::min(n1, out);
   const auto* img = reinterpret_cast<const std::uint8_t*>(image);
 #if GDN_X86
-  // q4_k has no tile path: its per-block offsets would double the tile epilogue; VNNI runs it.
-  if (k == QuantKernel::amx_int8 && rows >= amx_min_rows && f != QuantFormat::q4_k) {
+  // q4_k has no tile path (its per-block offsets would double the tile epilogue), nor has q5_0 (a
+  // fallback for a few odd-sized rows): VNNI runs them.
+  if (k == QuantKernel::amx_int8 && rows >= amx_min_rows && (f == QuantFormat::q8_0 || f == QuantFormat::q4_0)) {
     if (f == QuantFormat::q8_0) amx_int8_range<QuantFormat::q8_0>(img, kb, out, n0, n1, x, rows, y, ldy);
     else amx_int8_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
     return;
@@ -974,12 +1028,14 @@ void quant_range(QuantKernel k, QuantFormat f, const std::byte* image, std::int6
   if (k == QuantKernel::avx512vnni || k == QuantKernel::amx_int8) {
     if (f == QuantFormat::q8_0) vnni_range<QuantFormat::q8_0>(img, kb, out, n0, n1, x, rows, y, ldy);
     else if (f == QuantFormat::q4_0) vnni_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    else if (f == QuantFormat::q5_0) vnni_range<QuantFormat::q5_0>(img, kb, out, n0, n1, x, rows, y, ldy);
     else vnni_range<QuantFormat::q4_k>(img, kb, out, n0, n1, x, rows, y, ldy);
     return;
   }
   if (k == QuantKernel::avx2) {
     if (f == QuantFormat::q8_0) avx2_range<QuantFormat::q8_0>(img, kb, out, n0, n1, x, rows, y, ldy);
     else if (f == QuantFormat::q4_0) avx2_range<QuantFormat::q4_0>(img, kb, out, n0, n1, x, rows, y, ldy);
+    else if (f == QuantFormat::q5_0) avx2_range<QuantFormat::q5_0>(img, kb, out, n0, n1, x, rows, y, ldy);
     else avx2_range<QuantFormat::q4_k>(img, kb, out, n0, n1, x, rows, y, ldy);
     return;
   }

@@ -90,12 +90,13 @@ class LinearWorkspace {
 //   amx_tiles  16 rows × 32 columns per 1 KiB tile, the two tiles of each block of 32 rows
 //              alternating along k (src/cpu_gemm.cpp)
 //   panels     blocks of 32 rows, 128 bytes per pair of columns (src/cpu_gemm_panel.cpp)
-//   q8_0, q4_0, q4_k the weights block-quantised (quant.hpp), read by the integer kernels whatever the
-//              bf16 kernel is: not the checkpoint's values, so only ever asked for (ModelParams::quant)
+//   q8_0, q5_0, q4_0, q4_k the weights block-quantised (quant.hpp), read by the integer kernels
+//              whatever the bf16 kernel is: not the checkpoint's values, so only ever asked for
+//              (ModelParams::quant; q5_0 only as q4_k_m's format for rows of partial super-blocks)
 // Either way a block of 32 rows is one sequential stream.
-enum class WeightImage { none, amx_tiles, panels, q8_0, q4_0, q4_k };
+enum class WeightImage { none, amx_tiles, panels, q8_0, q5_0, q4_0, q4_k };
 inline bool is_quantized(WeightImage layout) noexcept {
-  return layout == WeightImage::q8_0 || layout == WeightImage::q4_0 || layout == WeightImage::q4_k;
+  return layout == WeightImage::q8_0 || layout == WeightImage::q5_0 || layout == WeightImage::q4_0 || layout == WeightImage::q4_k;
 }
 WeightImage weight_image_layout(LinearKernel kernel) noexcept;
 

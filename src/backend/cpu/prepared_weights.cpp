@@ -346,6 +346,7 @@ const char* weight_image_name(WeightImage layout) noexcept {
     case WeightImage::panels: return "panels";
     case WeightImage::amx_tiles: return "amx_tiles";
     case WeightImage::q8_0: return "q8_0";
+    case WeightImage::q5_0: return "q5_0";
     case WeightImage::q4_0: return "q4_0";
     case WeightImage::q4_k: return "q4_k";
     default: return "none";

@@ -85,12 +85,23 @@ struct PreparedWeights {
 
 // The image layouts a load reads: the projections', the lm_head's (they differ only under a quant
 // whose lm_head format is another, ModelParams::lm_head_quant) and, under q4_k_m, the format of the
-// projections it gives more bits (none: no such projections).
+// projections it gives more bits (none: no such projections) and the one that stands in for q4_k
+// where a projection's rows are not whole super-blocks (q5_0, as llama.cpp's Q4_K_M falls back to
+// Q5_0 there: a padded super-block would fit fewer weights with the same scales; none: q4_k pads).
 struct ImageLayouts {
   WeightImage projections = WeightImage::none;
   WeightImage lm_head = WeightImage::none;
   WeightImage more_bits = WeightImage::none;
+  WeightImage partial_super_blocks = WeightImage::none;
 };
+// Columns of a q4_k super-block (quant.hpp).
+inline constexpr std::int64_t q4k_super_columns = 256;
+// The layout a projection of `in` columns takes where `chosen` is its policy's format.
+inline WeightImage fitted_layout(WeightImage chosen, std::int64_t in, const ImageLayouts& layouts) noexcept {
+  if (chosen == WeightImage::q4_k && layouts.partial_super_blocks != WeightImage::none && in % q4k_super_columns != 0)
+    return layouts.partial_super_blocks;
+  return chosen;
+}
 
 // Bytes of the packed images of a model's bf16 projections in `layouts` (what packing allocates and
 // an image file holds).
@@ -101,9 +112,10 @@ std::size_t packed_bytes(const PreparedWeights& w, const ImageLayouts& layouts);
 bool more_bits_projection(const PreparedWeights& w, const Linear* p) noexcept;
 // The layout of projection p (one of w.projections()).
 inline WeightImage layout_of(const PreparedWeights& w, const Linear* p, const ImageLayouts& layouts) noexcept {
-  if (p == &w.lm_head) return layouts.lm_head;
-  if (layouts.more_bits != WeightImage::none && more_bits_projection(w, p)) return layouts.more_bits;
-  return layouts.projections;
+  const WeightImage chosen = p == &w.lm_head                                                          ? layouts.lm_head
+                             : layouts.more_bits != WeightImage::none && more_bits_projection(w, p) ? layouts.more_bits
+                                                                                                    : layouts.projections;
+  return fitted_layout(chosen, p->in(), layouts);
 }
 // The checkpoint name of each projection's weight (lm_head of a tied model: the embedding's), in
 // projections() order; empty for one the checkpoint does not name (a realigned copy).
@@ -122,14 +134,16 @@ inline WeightImage load_layout(const ModelParams& mp) noexcept { return load_lay
 // The same for the projections and the lm_head (lm_head_weight_quant); throws gdn::Error
 // (invalid_argument) for an lm_head format without a quant.
 inline ImageLayouts load_layouts(const ModelParams& mp) {
+  const bool k_m = mp.quant == WeightQuant::q4_k_m;
   return ImageLayouts{load_layout(mp.quant), load_layout(lm_head_weight_quant(mp.quant, mp.lm_head_quant)),
-                      mp.quant == WeightQuant::q4_k_m ? WeightImage::q8_0 : WeightImage::none};
+                      k_m ? WeightImage::q8_0 : WeightImage::none, k_m ? WeightImage::q5_0 : WeightImage::none};
 }
 // The layout of a projection the plan names (memory_plan.cpp): the same choice as layout_of.
 inline WeightImage layout_of(const TensorSpec& s, const ImageLayouts& layouts) noexcept {
-  if (s.lm_head) return layouts.lm_head;
-  if (layouts.more_bits != WeightImage::none && s.more_bits) return layouts.more_bits;
-  return layouts.projections;
+  const WeightImage chosen = s.lm_head                                                  ? layouts.lm_head
+                             : layouts.more_bits != WeightImage::none && s.more_bits ? layouts.more_bits
+                                                                                     : layouts.projections;
+  return fitted_layout(chosen, s.shape[1], layouts);
 }
 // The memory packing leaves free beyond the packed copy (for contexts and the rest of the
 // process): an eighth of the copy, at least 512 MiB.

@@ -1,5 +1,5 @@
 #pragma once
-// Block-quantised projection weights (q8_0, q4_0, q4_k) and the integer dot-product kernels that read
+// Block-quantised projection weights (q8_0, q5_0, q4_0, q4_k) and the integer dot-product kernels that read
 // them (src/backend/cpu/gemm_quant.cpp). docs/quantization.md is the format's specification.
 //
 // Formats. A weight [out, in] is cut into blocks of 32 consecutive input columns of one output
@@ -8,6 +8,9 @@
 //   q8_0  q ∈ [-127, 127]: d = max|w| / 127, q = round(w / d)           8.5 bits per weight
 //   q4_0  q ∈ [-8, 7]:     d = m / -8 (m: the block's value of largest magnitude),
 //                          q = clamp(round(w / d), -8, 7)                4.5 bits per weight
+//   q5_0  q ∈ [-16, 15]:   d = m / -16, q = clamp(round(w / d), -16, 15)  5.5 bits per weight
+//         (llama.cpp's Q5_0; q4_k_m's format for rows that are not whole super-blocks, as llama.cpp's
+//         Q4_K_M falls back to Q5_0 there)
 // rounding to nearest, ties to even, with d as stored (rounded to half) — so a block's largest
 // weight is exact up to d's rounding.
 //   q4_k  (K-quant-like) a block stands for d · q − m, q ∈ [0, 15], with its own d ≥ 0 and m ≥ 0
@@ -28,6 +31,9 @@
 //   q4_0   512 + 64 bytes: for g = 0..3, p = 0..1, 64 bytes in which byte 4n + j holds row
 //         16p + n's columns 4g + j (low nibble) and 16 + 4g + j (high nibble), as q + 8; then 32
 //         half d
+//   q5_0   640 + 64 bytes: the q4_0 layout of the low four bits of q + 16; then for g = 0..3,
+//         p = 0..1, two 64-bit masks of the fifth bits (little-endian), the first of the chunk's low
+//         nibbles, the second of its high ones, bit 4n + j standing for byte 4n + j; then 32 half d
 //   q4_k   512 + 64 bytes: the q4_0 layout with q itself (not q + 8) in the nibbles; then 32 sc
 //         bytes and 32 mn bytes; after a group's tiles, per super-block 32 half D then 32 half M
 // so a 64-byte load is 16 rows × 4 columns, the operand order of vpdpbusd, and a group of rows is
@@ -36,13 +42,13 @@
 // Arithmetic. The activations of a call are quantised once per row and block of 32 into two int8
 // parts: with s = max|x| / 127, h = round(x / s) and l = round((x / s − h) · 254), x ≈ s (h + l/254)
 // (a relative error near 2⁻¹⁶ of the block's largest value: effectively 16-bit activations). q8_0
-// takes both parts, so its error is the weights' own; the 4-bit formats take h alone (x ≈ s·h,
+// takes both parts, so its error is the weights' own; the 4- and 5-bit formats take h alone (x ≈ s·h,
 // 8-bit activations as llama.cpp's Q8_0 ones): there a weight's rounding error (about 9% of the
-// block's RMS for q4_0) dwarfs the activation's (under 1%), and one vpdpbusd per weight chunk
+// block's RMS for q4_0, half that for q5_0) dwarfs the activation's (under 1%), and one vpdpbusd per weight chunk
 // instead of two is what bounds 4-bit prefill and batched decode on a machine of few cores. An
 // output is then
-//   y = Σ_blocks d · (s · (H + L / 254)),   H = Σ q·h,  L = Σ q·l  (exact int32 sums; L = 0 at 4 bits)
-// evaluated per block as t = fma(L, 1/254, H) (t = H at 4 bits: the same value), v = t · s,
+//   y = Σ_blocks d · (s · (H + L / 254)),   H = Σ q·h,  L = Σ q·l  (exact int32 sums; L = 0 at 4 and 5 bits)
+// evaluated per block as t = fma(L, 1/254, H) (t = H there: the same value), v = t · s,
 // acc = fma(d, v, acc), blocks in k order; q4_k then takes its offset off the same block:
 // acc = fma(−m, Σh · s, acc).
 // Every kernel (AVX-512 VNNI, AVX2, scalar) computes exactly these operations, so all of them give
@@ -56,9 +62,9 @@
 
 namespace gdn::cpu {
 
-enum class QuantFormat { q8_0, q4_0, q4_k };
+enum class QuantFormat { q8_0, q5_0, q4_0, q4_k };
 // amx_int8: AVX-512 VNNI below 4 activation rows, AMX-INT8 tiles from 4 (bit-identical: exact sums;
-// q4_k always runs on VNNI there).
+// q5_0 and q4_k always run on VNNI there).
 enum class QuantKernel { scalar, avx2, avx512vnni, amx_int8 };
 
 constexpr std::int64_t quant_block = 32;  // weights per block (input columns), and rows per group
