@@ -6,7 +6,8 @@
 // in order, inside the file, not overlapping the previous one, and exactly its layout's size.
 //
 // GDN_FUZZ_WRITE_SEEDS=DIR fuzz_packed_image writes the seeds of corpus/fuzz_packed_image to DIR
-// (small valid images in both layouts) and exits.
+// (small valid images in both bf16 layouts, and a q4_k_m-like quantised one whose tensors are q4_k,
+// q5_0 and q8_0) and exits.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,14 +25,28 @@
 
 namespace {
 
-void write_seed(const std::string& path, const std::string& layout, const std::vector<std::pair<std::string, std::pair<int, int>>>& ts) {
+struct SeedTensor {
+  std::string name;
+  int rows, cols;
+  std::string encoding;  // empty: the layout's
+};
+
+bool quantised(const std::string& e) { return e == "q8_0" || e == "q5_0" || e == "q4_0" || e == "q4_k"; }
+
+void write_seed(const std::string& path, const std::string& layout, const std::vector<SeedTensor>& ts) {
   gdn::PackedImageHeader h;
   h.layout = layout;
   h.layout_version = gdn::packed_layout_version(layout);
+  if (quantised(layout)) {
+    h.weight_encoding = layout;
+    h.quant_block = 32;
+  }
   h.fingerprint = "0123abcd-4567ef01-2000";
   h.writer = "fuzz seed";
-  for (const auto& [name, shape] : ts)
-    h.tensors.push_back({name, shape.first, shape.second, 0, gdn::packed_layout_elements(layout, shape.first, shape.second) * 2, ""});
+  for (const auto& t : ts) {
+    const std::string e = t.encoding.empty() ? layout : t.encoding;
+    h.tensors.push_back({t.name, t.rows, t.cols, 0, gdn::packed_layout_elements(e, t.rows, t.cols) * 2, e});
+  }
   std::string file = gdn::encode_packed_image_header(h);
   file.resize(h.file_bytes, '\x01');
   std::ofstream(path, std::ios::binary) << file;
@@ -39,8 +54,12 @@ void write_seed(const std::string& path, const std::string& layout, const std::v
 
 void write_seeds(const std::string& dir) {
   write_seed(dir + "/empty.gdnimg", "panels", {});
-  write_seed(dir + "/two_panels.gdnimg", "panels", {{"model.layers.0.mlp.up_proj.weight", {33, 17}}, {"lm_head.weight", {2, 3}}});
-  write_seed(dir + "/amx_tiles.gdnimg", "amx_tiles", {{"model.layers.0.linear_attn.in_proj_a.weight", {6, 48}}});
+  write_seed(dir + "/two_panels.gdnimg", "panels", {{"model.layers.0.mlp.up_proj.weight", 33, 17}, {"lm_head.weight", 2, 3}});
+  write_seed(dir + "/amx_tiles.gdnimg", "amx_tiles", {{"model.layers.0.linear_attn.in_proj_a.weight", 6, 48}});
+  write_seed(dir + "/q4_k_m.gdnimg", "q4_k",
+             {{"model.layers.0.mlp.up_proj.weight", 8, 256, ""},
+              {"model.layers.0.mlp.down_proj.weight", 8, 40, "q8_0"},
+              {"model.layers.1.mlp.down_proj.weight", 8, 40, "q5_0"}});
 }
 
 }  // namespace
@@ -80,12 +99,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!ok) return 0;
   GDN_FUZZ_CHECK(h.file_bytes == size);
   GDN_FUZZ_CHECK(h.data_offset >= 20 && h.data_offset <= size && h.data_offset % gdn::PackedImageHeader::alignment == 0);
-  GDN_FUZZ_CHECK(h.weight_encoding == "bf16" && gdn::packed_layout_version(h.layout) == h.layout_version);
+  GDN_FUZZ_CHECK(gdn::packed_layout_version(h.layout) == h.layout_version);
+  // bf16 in one of the kernels' layouts, or a quantised encoding whose layout it is (q5_0 is only
+  // ever a tensor's encoding, never an image's).
+  const bool quant = h.weight_encoding != "bf16";
+  GDN_FUZZ_CHECK(quant ? h.layout == h.weight_encoding && quantised(h.layout) && h.layout != "q5_0" && h.quant_block == 32
+                       : h.quant_block == 0 && !quantised(h.layout));
   std::uint64_t end = h.data_offset;
   for (const auto& t : h.tensors) {
+    GDN_FUZZ_CHECK(quant ? quantised(t.encoding) : t.encoding == h.layout);
     GDN_FUZZ_CHECK(t.offset % gdn::PackedImageHeader::alignment == 0 && t.offset >= end);
     GDN_FUZZ_CHECK(t.offset <= size && t.bytes <= size - t.offset);
-    GDN_FUZZ_CHECK(t.bytes == gdn::packed_layout_elements(h.layout, t.rows, t.cols) * 2);
+    GDN_FUZZ_CHECK(t.bytes == gdn::packed_layout_elements(t.encoding, t.rows, t.cols) * 2);
     end = t.offset + t.bytes;
   }
   return 0;

@@ -7,10 +7,11 @@
 // File layout (little-endian):
 //   "GDNPACK\0"  u32 format version  u32 N  N bytes of JSON  u32 CRC-32 of everything before it
 //   zero padding to data_offset, then each tensor's image at its offset (4096-aligned)
-// The JSON names the weight encoding ("bf16", "q8_0" or "q4_0", in blocks of quant_block), the
+// The JSON names the weight encoding ("bf16", "q8_0", "q4_0" or "q4_k", in blocks of quant_block), the
 // kernel layout and its version, the checkpoint's fingerprint, the file's size, and every tensor
 // with its shape, offset, byte count and encoding. A quantised image's tensors may differ in
-// encoding (the lm_head at q8_0 in a q4_0 image, ModelParams::lm_head_quant); the loader refuses a
+// encoding (the lm_head at q8_0 in a q4_0 image, ModelParams::lm_head_quant; q4_k_m's q8_0 and q5_0
+// tensors in its q4_k image); the loader refuses a
 // tensor whose encoding is not the one it asked for. An image written before tensors had an
 // encoding has its header's for every tensor.
 //
@@ -40,17 +41,17 @@ struct PackedImageTensor {
   std::int64_t cols = 0;   // in
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;
-  // Its layout: the header's for a bf16 image; "q8_0" or "q4_0" in a quantised one (the lm_head's
-  // may differ from the rest).
+  // Its layout: the header's for a bf16 image; "q8_0", "q5_0", "q4_0" or "q4_k" in a quantised one
+  // (the lm_head's, and q4_k_m's, may differ from the header's).
   std::string encoding;
 };
 
 struct PackedImageHeader {
   static constexpr std::uint32_t format_version = 1;
   static constexpr std::uint64_t alignment = 4096;  // of data_offset and of every tensor's offset
-  std::string weight_encoding = "bf16";  // "bf16" (the checkpoint's values), "q8_0", "q4_0" (the projections')
+  std::string weight_encoding = "bf16";  // "bf16" (the checkpoint's values), "q8_0", "q4_0", "q4_k" (the projections')
   std::int64_t quant_block = 0;          // elements per quantisation block (0 for bf16)
-  std::string layout;                    // "panels" (AVX-512) or "amx_tiles" (AMX)
+  std::string layout;                    // "panels" (AVX-512), "amx_tiles" (AMX), or the quantised encoding
   std::int64_t layout_version = 0;
   std::string fingerprint;               // checkpoint_fingerprint() of the checkpoint it was packed from
   std::string writer;                    // the libgdn that wrote it (informational)
