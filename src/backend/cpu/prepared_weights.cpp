@@ -186,15 +186,20 @@ void map_image(PreparedWeights& w, const ImageLayouts& layouts, const io::Checkp
       throw Error(Status::invalid_file, fmt::format("{}: the image's '{}' is [{}, {}]; the model's is [{}, {}]", path, name, t.rows,
                                                     t.cols, p->out(), p->in()));
     const WeightImage want_layout = layout_of(w, p, layouts);
-    if (t.encoding != weight_image_name(want_layout))
+    if (t.encoding != weight_image_name(want_layout)) {
+      // The lm_head_quant that gives an encoding (q4_k_m's q5_0 is its q4_k in rows of partial super-blocks).
+      const auto lm_head_quant = [](std::string_view e) { return e == "q5_0" ? std::string_view("q4_k") : e; };
+      const std::string_view asked = lm_head_quant(weight_image_name(want_layout));
       throw Error(Status::invalid_file,
                   fmt::format("{}: the image's '{}' is {}, and this load reads it as {}{}", path, name, t.encoding,
                               weight_image_name(want_layout),
                               p == &w.lm_head ? fmt::format(" (lm_head_quant {}); write the image for it with gdn pack {} "
                                                             "--quant {} --lm-head-quant {}, or load with --lm-head-quant {}",
-                                                            weight_image_name(want_layout), ckpt.dir(), weight_image_name(layout),
-                                                            weight_image_name(want_layout), t.encoding)
+                                                            asked, ckpt.dir(),
+                                                            layouts.more_bits != WeightImage::none ? "q4_k_m" : weight_image_name(layout), asked,
+                                                            lm_head_quant(t.encoding))
                                               : std::string()));
+    }
     images.push_back(reinterpret_cast<const std::uint16_t*>(file->bytes().data() + t.offset));
     bytes += t.bytes;
   }
