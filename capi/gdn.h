@@ -208,8 +208,9 @@ typedef enum gdn_weight_placement {
 /* Block-quantised projections for the CPU backend (values equal gdn::WeightQuant; docs/quantization.md):
  * every bf16 projection in blocks of 32 with a half-precision scale (Q4_K: a fitted scale and offset per
  * block, K-quant-like). NONE: the checkpoint's bf16 values. Q8_0 (8.5 bits per weight), Q4_0 (4.5), Q4_K
- * (4.625) and Q4_K_M (Q4_K with the projections llama.cpp's Q4_K_M gives more bits at Q8_0; both added
- * after 0.1.0) are read from MODEL_DIR/gdn-packed.<q8_0|q4_0|q4_k|q4_k_m>.gdnimg
+ * (4.625) and Q4_K_M (Q4_K with the projections llama.cpp's Q4_K_M gives more bits at Q8_0, and Q5_0,
+ * 5.5 bits, where a row is not whole 256-column super-blocks, as llama.cpp's; both added after 0.1.0)
+ * are read from MODEL_DIR/gdn-packed.<q8_0|q4_0|q4_k|q4_k_m>.gdnimg
  * (gdn_packed_image_write_quant, `gdn pack --quant`) when it exists, else quantised at load; never in
  * place (IN_PLACE with a quant is INVALID_ARGUMENT). */
 typedef enum gdn_weight_quant {

@@ -53,7 +53,9 @@ const char* weight_placement_name(WeightPlacement p) noexcept;  // "automatic", 
 //         per 256 columns; K-quant-like), 4.625 bits per weight: the more accurate 4-bit format
 //   q4_k_m q4_k, but the projections llama.cpp's Q4_K_M gives more bits at q8_0: in the layers
 //         quant_more_bits_layer names, the attention v_proj, the GDN in_proj_qkv (in_proj_qkvz)
-//         and the MLP down_proj
+//         and the MLP down_proj; and q5_0 (5-bit values and a half scale per block, 5.5 bits) for
+//         the others where a row is not whole super-blocks of 256 columns, as llama.cpp's Q4_K_M
+//         falls back to Q5_0 there (no such rows in the Qwen3.5 / 3.6 and Qwen3-Next checkpoints)
 // The CPU backend reads them from a quantised image: packed at load, or mapped from the file
 // `gdn pack --quant` writes (DIR/gdn-packed.<quant>.gdnimg, looked for first; another lm_head
 // format than the automatic one has its own name, see default_packed_image_path). A quantised model
