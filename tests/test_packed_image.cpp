@@ -295,5 +295,21 @@ TEST_CASE("q4_k_m image: its 8-bit projections are the ones the policy names", "
     mp.weights = WeightPlacement::image;
     mp.packed_image = plain.path;
     CHECK_THROWS_WITH(Model::load(copy.string(), mp), Catch::Contains("is q4_k, and this load reads it as q5_0"));
+    // With the lm_head at 4 bits its rows (not whole super-blocks here) are q5_0 too; that image maps
+    // for its own policy, and a load of another lm_head format is told the flags that fit it.
+    o.quant = WeightQuant::q4_k_m;
+    o.lm_head_quant = LmHeadQuant::q4_k;
+    const PackImageResult four = write_packed_image(copy.string(), o);
+    mp.packed_image = four.path;
+    mp.lm_head_quant = LmHeadQuant::q4_k;
+    mp.weights = WeightPlacement::image;
+    const auto lm4 = Model::load(copy.string(), mp);
+    mp.weights = WeightPlacement::packed;
+    CHECK(same_bits(logits_of(lm4), logits_of(Model::load(copy.string(), mp))));
+    mp.weights = WeightPlacement::image;
+    mp.lm_head_quant = LmHeadQuant::automatic;
+    CHECK_THROWS_WITH(Model::load(copy.string(), mp),
+                      Catch::Contains("is q5_0, and this load reads it as q8_0 (lm_head_quant q8_0)") &&
+                          Catch::Contains("--quant q4_k_m --lm-head-quant q8_0, or load with --lm-head-quant q4_k"));
   }
 }
