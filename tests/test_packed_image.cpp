@@ -285,6 +285,13 @@ TEST_CASE("q4_k_m image: its 8-bit projections are the ones the policy names", "
       partial += t.encoding == "q5_0";
     }
     CHECK(partial > 0);
+    // The result counts each encoding's tensors (gdn pack prints them).
+    std::size_t counted = 0;
+    for (const auto& [encoding, n] : r.encodings) {
+      counted += n;
+      if (encoding == "q5_0") CHECK(static_cast<int>(n) == partial);
+    }
+    CHECK(counted == h.tensors.size());
     CHECK(plan_memory(copy.string(), ContextParams{}, mp).packed_bytes == static_cast<std::int64_t>(mapped->packed_bytes()));
     mp.weights = WeightPlacement::packed;
     const auto packed = Model::load(copy.string(), mp);

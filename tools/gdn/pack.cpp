@@ -54,7 +54,13 @@ int pack(int argc, char** argv) {
     if (done == total) fmt::print(stderr, "\n");
   };
   const PackImageResult r = write_packed_image(dir, o);
-  fmt::print("wrote {} ({} layout, {} tensors, {}; {} of non-zero blocks written) in {:.1f} s\n", r.path, r.layout, r.tensors,
+  std::string tensors = fmt::format("{} tensors", r.tensors);
+  if (r.encodings.size() > 1) {  // e.g. q4_k_m: "71 tensors: 40 q4_k, 17 q8_0, 14 q5_0"
+    tensors += ":";
+    for (std::size_t i = 0; i < r.encodings.size(); ++i)
+      tensors += fmt::format("{} {} {}", i ? "," : "", r.encodings[i].second, r.encodings[i].first);
+  }
+  fmt::print("wrote {} ({} layout, {}; {}; {} of non-zero blocks written) in {:.1f} s\n", r.path, r.layout, tensors,
              format_bytes(static_cast<std::int64_t>(r.file_bytes)), format_bytes(static_cast<std::int64_t>(r.written_bytes)),
              r.seconds);
   return 0;

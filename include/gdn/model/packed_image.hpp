@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gdn/model/model.hpp"
@@ -111,6 +112,9 @@ struct PackImageResult {
   std::uint64_t file_bytes = 0;      // the image's size
   std::uint64_t written_bytes = 0;   // bytes of blocks written (blocks of all-zero weights are left as holes)
   std::size_t tensors = 0;
+  // Tensors per encoding, in the order each first appears (one entry unless the policy mixes them:
+  // a quantised lm_head's own format, q4_k_m's q8_0 and q5_0 tensors).
+  std::vector<std::pair<std::string, std::size_t>> encodings;
   double seconds = 0.0;
 };
 

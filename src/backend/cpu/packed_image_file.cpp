@@ -146,6 +146,11 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
   result.layout = h.layout;
   result.file_bytes = h.file_bytes;
   result.tensors = todo.size();
+  for (const auto& t : h.tensors) {
+    auto it = std::find_if(result.encodings.begin(), result.encodings.end(), [&](const auto& e) { return e.first == t.encoding; });
+    if (it == result.encodings.end()) result.encodings.emplace_back(t.encoding, 1);
+    else ++it->second;
+  }
   const std::string tmp = result.path + ".tmp." + std::to_string(::getpid());
   Fd fd{::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (fd.fd < 0) throw Error(Status::io_error, fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
@@ -194,7 +199,8 @@ PackImageResult write_packed_image(const std::string& model_dir, const PackImage
     pool.parallel_for((rows + 31) / 32, 16, [&](std::int64_t b0, std::int64_t b1, int) {
       for (std::int64_t b = b0; b < b1; ++b) {
         const std::int64_t r0 = b * 32, r1 = std::min(rows, r0 + 32);
-        // A block of zero weights packs to zeros: leave the file's hole.
+        // A block of zero weights packs to zeros (quantised: scales 0, so every value is 0 whatever
+        // its integers, as in the file's hole): leave the hole.
         if (all_zero(p.w->data + r0 * row_bytes, static_cast<std::size_t>((r1 - r0) * row_bytes))) continue;
         cpu::pack_weight_image(todo_layouts[i], *p.w, r0, r1, image);
         written += block_bytes;
