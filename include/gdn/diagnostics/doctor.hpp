@@ -106,11 +106,13 @@ inline constexpr double identity_logits_fail = 1e-2;
 // float32 rounding land on different steps here and there, and at a rare position the model
 // amplifies that into a large single difference: on gdn-tiny, 12 random 200-token prompts, chunked
 // vs recurrent, the max |dlogit| reached 0.03 (q8_0) and 0.26–1.2 of the logit scale (4 bits) while
-// the RMS stayed at most 5e-4 (q8_0) and 0.014 (4 bits). A bug moves every position after it.
+// the RMS stayed at most 5e-4 (q8_0) and 0.014 (4 bits); on the random-weight fixtures, 8 prompts
+// each, at most 6e-4 and 0.05 (qwen35_tied, whose random layers amplify most). A bug moves every
+// position after it: a dropped conv state gives 0.46–0.85 at every format.
 inline constexpr double identity_rms_quant = 5e-3;
 inline constexpr double identity_rms_quant_fail = 2e-2;
-inline constexpr double identity_rms_quant4 = 4e-2;
-inline constexpr double identity_rms_quant4_fail = 0.1;
+inline constexpr double identity_rms_quant4 = 8e-2;
+inline constexpr double identity_rms_quant4_fail = 0.2;
 // The same identities on the CUDA backend (bf16 activations), as RMS over all logits: measured
 // 0.01–0.05 on the fixtures and gdn-tiny; a dropped conv state gives > 0.3 (tests/test_cuda_context.cpp).
 inline constexpr double identity_rms_bf16 = 0.06;
