@@ -54,6 +54,11 @@ std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b *
 // Bytes of a tile's integers (its 32 half scales follow): q5_0's are its nibbles, then its fifth bits.
 constexpr std::int64_t int_bytes(QuantFormat f) { return f == QuantFormat::q8_0 ? 1024 : f == QuantFormat::q5_0 ? 640 : 512; }
 constexpr std::int64_t q5_bits = 512;  // offset of q5_0's fifth bits in a tile
+// What the unsigned operand of vpdpbusd holds above q, taken off as zero_point · Σh: q8_0's values
+// flipped by an xor, q4_0's and q5_0's stored so; q4_k's nibbles are q itself.
+constexpr int zero_point(QuantFormat f) {
+  return f == QuantFormat::q8_0 ? 128 : f == QuantFormat::q4_0 ? 8 : f == QuantFormat::q5_0 ? 16 : 0;
+}
 
 using detail::round_even;
 
@@ -94,12 +99,14 @@ inline std::int64_t tile_byte(QuantFormat f, std::int64_t n, std::int64_t j) {
   return g * 128 + p * 64 + r * 4 + j % 4;
 }
 inline bool high_nibble(std::int64_t j) { return j >= 16; }
-// q5_0: the byte of its tile's fifth bits that holds (row n, column j), and the bit in it. The
-// masks of chunk (g, p) are 16 bytes, the low nibbles' 8 then the high nibbles'; bit 4r + j % 4 of
-// a mask is byte 4r + j % 4 of the chunk (r = n % 16).
+// q5_0: the offset in a tile of the fifth bits' masks of its chunk (g, p), 16 bytes: the low
+// nibbles' 8, then the high nibbles'; bit 4r + j % 4 of a mask is byte 4r + j % 4 of the chunk
+// (r = n % 16).
+inline std::int64_t q5_masks(std::int64_t g, std::int64_t p) { return q5_bits + (2 * g + p) * 16; }
+// The byte of those masks that holds (row n, column j), and the bit in it.
 inline std::int64_t q5_bit_byte(std::int64_t n, std::int64_t j) {
-  const std::int64_t g = (j % 16) / 4, p = n / 16, bit = 4 * (n % 16) + j % 4;
-  return q5_bits + (2 * g + p) * 16 + (high_nibble(j) ? 8 : 0) + bit / 8;
+  const std::int64_t bit = 4 * (n % 16) + j % 4;
+  return q5_masks((j % 16) / 4, n / 16) + (high_nibble(j) ? 8 : 0) + bit / 8;
 }
 inline int q5_bit_shift(std::int64_t n, std::int64_t j) { return static_cast<int>((4 * (n % 16) + j % 4) % 8); }
 
@@ -107,8 +114,8 @@ inline int tile_q(QuantFormat f, const std::uint8_t* t, std::int64_t n, std::int
   const std::uint8_t b = t[tile_byte(f, n, j)];
   if (f == QuantFormat::q8_0) return static_cast<std::int8_t>(b);
   const int nibble = high_nibble(j) ? b >> 4 : b & 0xF;
-  if (f == QuantFormat::q5_0) return nibble + 16 * ((t[q5_bit_byte(n, j)] >> q5_bit_shift(n, j)) & 1) - 16;
-  return nibble - (f == QuantFormat::q4_0 ? 8 : 0);
+  const int fifth = f == QuantFormat::q5_0 ? (t[q5_bit_byte(n, j)] >> q5_bit_shift(n, j)) & 1 : 0;
+  return nibble + 16 * fifth - zero_point(f);
 }
 inline float half_at(const std::uint8_t* p, std::int64_t i) {
   std::uint16_t h;
@@ -332,7 +339,7 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
               const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + g * 128 + i * 32));
               __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
               if constexpr (F == QuantFormat::q5_0) {  // this slice's half of chunk (g, i / 2)'s masks
-                const std::uint8_t* m = t + q5_bits + (2 * g + i / 2) * 16 + 4 * (i % 2);
+                const std::uint8_t* m = t + q5_masks(g, i / 2) + 4 * (i % 2);
                 lo = _mm256_or_si256(lo, fifth_bits_avx2(m));
                 hi = _mm256_or_si256(hi, fifth_bits_avx2(m + 8));
               }
@@ -340,7 +347,7 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
             }
           }
           if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q5_0) {
-            const __m256i zh = _mm256_set1_epi32((F == QuantFormat::q4_0 ? 8 : 16) * a.sums[2 * b]);
+            const __m256i zh = _mm256_set1_epi32(zero_point(F) * a.sums[2 * b]);
             for (int i = 0; i < 4; ++i) H[i] = _mm256_sub_epi32(H[i], zh);
           }
         }
@@ -399,7 +406,7 @@ template <QuantFormat F, int R>
 GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActRow* a, float* y, std::int64_t ldy,
                           std::int64_t valid, StreamPrefetch prefetch) {
   constexpr std::int64_t ib = int_bytes(F), tb = ib + 64;
-  constexpr int zero_point = F == QuantFormat::q8_0 ? 128 : F == QuantFormat::q4_0 ? 8 : F == QuantFormat::q5_0 ? 16 : 0;
+  constexpr int zp = zero_point(F);
   __m512 acc0[R], acc1[R];
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nib = _mm512_set1_epi8(0x0F);
@@ -451,12 +458,12 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
           hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), nib);
         }
         if constexpr (F == QuantFormat::q5_0) {  // + 16 where the fifth bit is set
-          const std::uint8_t* m = t + q5_bits + 32 * g;
+          const std::uint8_t *m0 = t + q5_masks(g, 0), *m1 = t + q5_masks(g, 1);
           const __m512i sixteen = _mm512_set1_epi8(16);
-          lo0 = _mm512_mask_add_epi8(lo0, load_mask64(m), lo0, sixteen);
-          hi0 = _mm512_mask_add_epi8(hi0, load_mask64(m + 8), hi0, sixteen);
-          lo1 = _mm512_mask_add_epi8(lo1, load_mask64(m + 16), lo1, sixteen);
-          hi1 = _mm512_mask_add_epi8(hi1, load_mask64(m + 24), hi1, sixteen);
+          lo0 = _mm512_mask_add_epi8(lo0, load_mask64(m0), lo0, sixteen);
+          hi0 = _mm512_mask_add_epi8(hi0, load_mask64(m0 + 8), hi0, sixteen);
+          lo1 = _mm512_mask_add_epi8(lo1, load_mask64(m1), lo1, sixteen);
+          hi1 = _mm512_mask_add_epi8(hi1, load_mask64(m1 + 8), hi1, sixteen);
         }
         for (int r = 0; r < R; ++r) {
           std::int32_t ha, hb;
@@ -499,10 +506,10 @@ GDN_T_VNNI void vnni_tile(const std::uint8_t* group, std::int64_t kb, const ActR
       const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib)));
       const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + ib + 32)));
       for (int r = 0; r < R; ++r) {
-        const __m512i zh = _mm512_set1_epi32(zero_point * a[r].sums[2 * b]);
+        const __m512i zh = _mm512_set1_epi32(zp * a[r].sums[2 * b]);
         const __m512 s = _mm512_set1_ps(a[r].scale[b]);
         if constexpr (F == QuantFormat::q8_0) {
-          const __m512i zl = _mm512_set1_epi32(zero_point * a[r].sums[2 * b + 1]);
+          const __m512i zl = _mm512_set1_epi32(zp * a[r].sums[2 * b + 1]);
           acc0[r] = block_step16(_mm512_sub_epi32(H0[r], zh), _mm512_sub_epi32(L0[r], zl), s, d0, acc0[r]);
           acc1[r] = block_step16(_mm512_sub_epi32(H1[r], zh), _mm512_sub_epi32(L1[r], zl), s, d1, acc1[r]);
         } else {
@@ -599,7 +606,7 @@ GDN_T_AMXQ inline void amx_int8_epilogue(const std::uint8_t* t, const std::int32
       _mm512_store_ps(acc[r], block_step16(H0, L0, s, d0, _mm512_load_ps(acc[r])));
       _mm512_store_ps(acc[r] + 16, block_step16(H1, L1, s, d1, _mm512_load_ps(acc[r] + 16)));
     } else {  // q4_0: the high part only, less the zero point
-      const __m512i zh = _mm512_set1_epi32(8 * a[r].sums[2 * b]);
+      const __m512i zh = _mm512_set1_epi32(zero_point(F) * a[r].sums[2 * b]);
       H0 = _mm512_sub_epi32(H0, zh);
       H1 = _mm512_sub_epi32(H1, zh);
       _mm512_store_ps(acc[r], block_step16_high(H0, s, d0, _mm512_load_ps(acc[r])));
@@ -828,7 +835,7 @@ void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0
       std::uint8_t* t = img + (g * kb + b) * tb;
       // q = 0 everywhere: q4_0's nibbles 8, q5_0's 0 with the fifth bit set (16)
       std::memset(t, f == QuantFormat::q8_0 || f == QuantFormat::q5_0 ? 0 : 0x88, static_cast<std::size_t>(tb));
-      if (f == QuantFormat::q5_0) std::memset(t + q5_bits, 0xFF, 128);
+      if (f == QuantFormat::q5_0) std::memset(t + q5_masks(0, 0), 0xFF, 128);
       for (std::int64_t n = 0; n < 32; ++n) {
         const std::int64_t row = g * 32 + n;
         float v[32] = {};
@@ -860,7 +867,7 @@ void quantize_weight_image(QuantFormat f, const TensorView& W, std::int64_t row0
             const float q = ds != 0.0f ? std::clamp(round_even(v[j] / ds), -127.0f, 127.0f) : 0.0f;
             byte = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
           } else {
-            const float z = f == QuantFormat::q5_0 ? 16.0f : 8.0f;  // q + z ≥ 0
+            const auto z = static_cast<float>(zero_point(f));  // q + z ≥ 0
             const float q = ds != 0.0f ? std::clamp(round_even(v[j] / ds), -z, z - 1.0f) : 0.0f;
             const auto u = static_cast<std::uint8_t>(q + z);
             byte = high_nibble(j) ? static_cast<std::uint8_t>((byte & 0x0F) | ((u & 0xF) << 4))

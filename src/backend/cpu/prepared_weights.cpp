@@ -151,7 +151,8 @@ void pack(PreparedWeights& w, const ImageLayouts& layouts, const io::Checkpoint&
 // that the file is a valid image of this checkpoint for these layouts (each tensor's encoding
 // included: an image of another lm_head format is refused, never read as this one). Throws
 // gdn::Error naming why not (nothing is changed then).
-void map_image(PreparedWeights& w, const ImageLayouts& layouts, const io::Checkpoint& ckpt, const std::string& path) {
+void map_image(PreparedWeights& w, const ImageLayouts& layouts, WeightQuant quant, const io::Checkpoint& ckpt,
+               const std::string& path) {
   const WeightImage layout = layouts.projections;
   auto file = std::make_unique<io::MappedFile>(path, /*huge_pages=*/true);
   const PackedImageHeader h = parse_packed_image_header(file->bytes(), path);
@@ -195,8 +196,7 @@ void map_image(PreparedWeights& w, const ImageLayouts& layouts, const io::Checkp
                               weight_image_name(want_layout),
                               p == &w.lm_head ? fmt::format(" (lm_head_quant {}); write the image for it with gdn pack {} "
                                                             "--quant {} --lm-head-quant {}, or load with --lm-head-quant {}",
-                                                            asked, ckpt.dir(),
-                                                            layouts.more_bits != WeightImage::none ? "q4_k_m" : weight_image_name(layout), asked,
+                                                            asked, ckpt.dir(), weight_quant_name(quant), asked,
                                                             lm_head_quant(t.encoding))
                                               : std::string()));
     }
@@ -245,7 +245,7 @@ void place(PreparedWeights& w, const Model& model, const std::function<void(std:
     // Packing asked for: no image is looked for.
   } else if (std::filesystem::exists(path)) {
     try {
-      map_image(w, layouts, ckpt, path);
+      map_image(w, layouts, mp.quant, ckpt, path);
       w.placement = WeightPlacement::image;
       if (progress) progress(need, need);
       return;
