@@ -284,6 +284,8 @@ ModelConfig parse_model_config(std::string_view json_text, std::string_view what
     f.fail(Status::invalid_file, "rms_norm_eps", "must be a positive number");
   if (!(c.rope_theta > 0.0) || !std::isfinite(c.rope_theta))
     throw Error(Status::invalid_file, fmt::format("{}: rope_theta must be a positive number", what));
+  if (c.max_position_embeddings < 0)  // 0: not stated
+    f.fail(Status::invalid_file, "max_position_embeddings", fmt::format("must be 0 or more, got {}", c.max_position_embeddings));
   if (c.mtp_num_hidden_layers < 0 || c.mtp_num_hidden_layers > 1)
     f.fail(Status::unsupported_model, "mtp_num_hidden_layers", fmt::format("is {}; 0 or 1 supported", c.mtp_num_hidden_layers));
   return c;

@@ -105,5 +105,6 @@ TEST_CASE("malformed or inconsistent configs name the field", "[config]") {
   expect_error(top(R"(, "partial_rotary_factor": 0.01)"), Status::invalid_file, "'partial_rotary_factor'");
   expect_error(top(R"(, "eos_token_id": 9999)"), Status::invalid_file, "outside the vocabulary");
   expect_error(top(R"(, "tie_word_embeddings": "yes")"), Status::invalid_file, "'tie_word_embeddings' must be true or false");
+  expect_error(top(R"(, "max_position_embeddings": -14096)"), Status::invalid_file, "'max_position_embeddings' must be 0 or more");
   expect_error(R"({"architectures": "Qwen3_5ForCausalLM"})", Status::invalid_file, "'architectures'");
 }
