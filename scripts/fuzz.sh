@@ -53,6 +53,14 @@ report() {  # target exit-status -> one line; returns 1 on a finding
     grep -E 'ERROR|SUMMARY|fuzz check failed|runtime error|Test unit written|ParseDictionaryFile' "$log" | head -n 20 || true
     return 1
   fi
+  # The seeds alone reach well over a thousand edges of the library; a few dozen means only the
+  # harness is instrumented (the build lost the library's flags) and the run proves nothing.
+  local edges
+  edges=$(sed -nE 's/^cov: ([0-9]+).*/\1/p' <<< "$status")
+  if [ "${edges:-0}" -lt 300 ]; then
+    echo "fuzz: $t FAILED: only ${edges:-0} edges covered; is the library built with -fsanitize=fuzzer-no-link?"
+    return 1
+  fi
   echo "fuzz: $t ok: ${execs:-?} runs in ${secs}s (${rate:-?}/s), $status"
 }
 
