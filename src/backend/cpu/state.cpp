@@ -75,8 +75,13 @@ GdnStatePool::GdnStatePool(const ModelConfig& c, int slots, DType state_dtype) :
   conv_floats_ = static_cast<std::int64_t>(c.linear_conv_kernel_dim - 1) * c.gdn_conv_dim();
   recurrent_elems_ = static_cast<std::int64_t>(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
   allocate(conv_, slots * layers_ * conv_floats_, 0.0f, "GDN conv state");
-  allocate(recurrent_, slots * layers_ * recurrent_elems_ * static_cast<std::int64_t>(dtype_size(state_dtype)), std::byte{0},
-           "GDN recurrent state");
+  const std::int64_t bytes = slots * layers_ * recurrent_elems_ * static_cast<std::int64_t>(dtype_size(state_dtype));
+  recurrent_.reset(new (std::nothrow) std::byte[static_cast<std::size_t>(bytes)]);
+  if (!recurrent_ && bytes > 0)
+    throw Error(Status::out_of_capacity, fmt::format("cannot allocate {} bytes of host memory for the GDN recurrent state", bytes));
+  advise_huge_pages(recurrent_.get(), static_cast<std::size_t>(bytes));
+  // Committed now, as every other part of the state is: a context that was created can run.
+  std::memset(recurrent_.get(), 0, static_cast<std::size_t>(bytes));
 }
 
 void GdnStatePool::clear(int slot) noexcept {
