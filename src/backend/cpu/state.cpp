@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 
 #include <sys/mman.h>
@@ -34,6 +35,17 @@ void advise_huge_pages(std::byte* p, std::size_t n) {
   if (a < e) (void)::madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
 }
 
+// A zeroed buffer the decode steps stream (the KV cache, the GDN recurrent state): advised into
+// huge pages, then committed, so that a context that was created can run.
+std::unique_ptr<std::byte[]> zeroed_streamed_buffer(std::int64_t bytes, const char* what) {
+  std::unique_ptr<std::byte[]> p(new (std::nothrow) std::byte[static_cast<std::size_t>(bytes)]);
+  if (!p && bytes > 0)
+    throw Error(Status::out_of_capacity, fmt::format("cannot allocate {} bytes of host memory for the {}", bytes, what));
+  advise_huge_pages(p.get(), static_cast<std::size_t>(bytes));
+  std::memset(p.get(), 0, static_cast<std::size_t>(bytes));
+  return p;
+}
+
 }  // namespace
 
 KvStore::KvStore(std::int64_t pages, int page_size, int layers, int kv_heads, int head_dim, DType dtype)
@@ -45,11 +57,7 @@ KvStore::KvStore(std::int64_t pages, int page_size, int layers, int kv_heads, in
   if (__builtin_mul_overflow(pages, page_bytes(), &bytes))
     throw Error(Status::out_of_capacity,
                 fmt::format("a KV cache of {} pages of {} elements cannot be addressed", pages, page_elements_));
-  data_.reset(new (std::nothrow) std::byte[static_cast<std::size_t>(bytes)]);
-  if (!data_ && bytes > 0)
-    throw Error(Status::out_of_capacity, fmt::format("cannot allocate {} bytes of host memory for the KV cache", bytes));
-  advise_huge_pages(data_.get(), static_cast<std::size_t>(bytes));
-  std::memset(data_.get(), 0, static_cast<std::size_t>(bytes));
+  data_ = zeroed_streamed_buffer(bytes, "KV cache");
 }
 
 void KvStore::read_page(std::int32_t page, float* out) const noexcept {
@@ -75,13 +83,8 @@ GdnStatePool::GdnStatePool(const ModelConfig& c, int slots, DType state_dtype) :
   conv_floats_ = static_cast<std::int64_t>(c.linear_conv_kernel_dim - 1) * c.gdn_conv_dim();
   recurrent_elems_ = static_cast<std::int64_t>(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
   allocate(conv_, slots * layers_ * conv_floats_, 0.0f, "GDN conv state");
-  const std::int64_t bytes = slots * layers_ * recurrent_elems_ * static_cast<std::int64_t>(dtype_size(state_dtype));
-  recurrent_.reset(new (std::nothrow) std::byte[static_cast<std::size_t>(bytes)]);
-  if (!recurrent_ && bytes > 0)
-    throw Error(Status::out_of_capacity, fmt::format("cannot allocate {} bytes of host memory for the GDN recurrent state", bytes));
-  advise_huge_pages(recurrent_.get(), static_cast<std::size_t>(bytes));
-  // Committed now, as every other part of the state is: a context that was created can run.
-  std::memset(recurrent_.get(), 0, static_cast<std::size_t>(bytes));
+  recurrent_ = zeroed_streamed_buffer(slots * layers_ * recurrent_elems_ * static_cast<std::int64_t>(dtype_size(state_dtype)),
+                                     "GDN recurrent state");
 }
 
 void GdnStatePool::clear(int slot) noexcept {

@@ -37,7 +37,7 @@ void delta_rule_segments(CpuState& s, Exec& ex, std::span<const PassSegment> seg
   const std::int64_t n_state = static_cast<std::int64_t>(dk) * dv;
   // Up to 4 adjacent heads a claim: their states are adjacent, so each thread streams 256 KiB
   // (dk = dv = 128) in address order instead of jumping 64 KiB at every head — at batch-1 decode the
-  // delta rule's share of the step fell from about 7.9% to 5.4% with the state in huge pages. Claims
+  // delta rule's share of the step fell from about 7.9% to 6.0% with the state in huge pages. Claims
   // stay small enough (at least two a thread) to balance segments of unequal length.
   const std::int64_t grain = std::clamp<std::int64_t>(tasks / (2 * ex.pool.size()), 1, 4);
   ex.pool.parallel_for(tasks, grain, [&](std::int64_t t0, std::int64_t t1, int thread) {
