@@ -23,7 +23,11 @@ grep -q "64 (48 gated deltanet, 16 full attention)" "$work/info.txt" || fail "la
 grep -q "11 files, 866 tensors, 54.6 GB" "$work/info.txt" || fail "checkpoint summary"
 grep -q "27.32 B in all: BF16 27.32 B" "$work/info.txt" || fail "parameters"
 "$gdn" info "$dir" --max-context 4096 --json > "$work/info.json" || fail "gdn info --json"
-for want in '"packed_bytes": 52108984320' '"gdn_recurrent_bytes_per_sequence": 150994944' \
+# bf16 projections are repacked at load (52.1 GB) where the CPU's kernel reads a packed layout;
+# AVX2 and scalar kernels read the checkpoint's rows in place and pack nothing.
+packed='"packed_bytes": 52108984320'
+grep -q 'reads the weights in place"' "$work/info.json" && packed='"packed_bytes": 0'
+for want in "$packed" '"gdn_recurrent_bytes_per_sequence": 150994944' \
             '"gdn_conv_bytes_per_sequence": 5898240' '"kv_bytes_per_token": 139264' '"parameters": 27320697856'; do
   grep -q "$want" "$work/info.json" || fail "plan: $want"
 done
