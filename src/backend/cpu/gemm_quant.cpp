@@ -330,6 +330,13 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
             }
           }
         } else {
+          // vpmaddubsw's pair sums are added as int16 over several chunks before one vpmaddwd
+          // widens them: |pair| ≤ 2 · 15 · 127 = 3810 for 4-bit values, so all 8 of a block fit
+          // (30480 < 2¹⁵); q5_0's ≤ 2 · 31 · 127 = 7874, so 4 (31496). Exact, 2 of 9 instructions
+          // per 64 weights fewer (the batch-1 4-bit kernel is compute-bound on AVX2).
+          constexpr int chunks_per_widen = F == QuantFormat::q5_0 ? 2 : 4;  // g steps, two pair sums each
+          __m256i P[4];
+          for (int i = 0; i < 4; ++i) P[i] = _mm256_setzero_si256();
           for (int g = 0; g < 4; ++g) {  // the high part only (quant.hpp)
             std::int32_t ha, hb;
             std::memcpy(&ha, xh + 4 * g, 4);
@@ -343,7 +350,11 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
                 lo = _mm256_or_si256(lo, fifth_bits_avx2(m));
                 hi = _mm256_or_si256(hi, fifth_bits_avx2(m + 8));
               }
-              H[i] = _mm256_add_epi32(H[i], _mm256_add_epi32(dot4_avx2(F, lo, vha), dot4_avx2(F, hi, vhb)));
+              P[i] = _mm256_add_epi16(P[i], _mm256_add_epi16(_mm256_maddubs_epi16(lo, vha), _mm256_maddubs_epi16(hi, vhb)));
+              if ((g + 1) % chunks_per_widen == 0) {
+                H[i] = _mm256_add_epi32(H[i], _mm256_madd_epi16(P[i], _mm256_set1_epi16(1)));
+                P[i] = _mm256_setzero_si256();
+              }
             }
           }
           if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q5_0) {
