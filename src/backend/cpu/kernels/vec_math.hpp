@@ -33,8 +33,21 @@ inline __m512 exp16(__m512 x) {
 }
 #endif
 
+// 2^n for an integer n ∈ [-126, 127], built from its exponent bits.
+inline float pow2i(int n) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(n + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Written so that the compiler vectorises the plain loops that call it (on targets without an
+// explicit vector path): comparisons instead of fmin/fmax calls (NaN → the bound, as fmax and
+// the AVX-512 max give), and 2^n as two exact power-of-two products instead of ldexp — p·2^⌊n/2⌋
+// is exact and normal, the second product rounds once, so the result is ldexp's (and scalef's).
 inline float exp1(float x) {
-  x = std::fmin(std::fmax(x, -87.33654f), 88.72283f);
+  x = x > -87.33654f ? x : -87.33654f;
+  x = x < 88.72283f ? x : 88.72283f;
   const float n = std::nearbyint(x * 1.44269504088896341f);
   float r = std::fma(-n, 0.693359375f, x);
   r = std::fma(-n, -2.12194440e-4f, r);
@@ -45,7 +58,8 @@ inline float exp1(float x) {
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
   p = std::fma(p * r, r, r + 1.0f);
-  return std::ldexp(p, static_cast<int>(n));
+  const int ni = static_cast<int>(n), n1 = ni >> 1;
+  return p * pow2i(n1) * pow2i(ni - n1);
 }
 
 // x[i] = exp(x[i] - shift); returns the sum of the results (fixed order).
@@ -200,6 +214,34 @@ inline void gemm_bcast(int M, int N, int K, AF&& a, const float* B, std::int64_t
   int n = 0;
   for (; n + 64 <= N; n += 64) rows.template operator()<4>(n);
   for (; n + 16 <= N; n += 16) rows.template operator()<1>(n);
+#elif GDN_CPU_AVX2
+  // The same per element (C·cscale, then one FMA per k in order) with 8-lane vectors: 4 rows × 16
+  // columns of accumulators fit AVX2's 16 registers with the B row and the broadcast.
+  const auto block = [&]<int MI, int NB>(int i0, int n0) {
+    __m256 acc[MI][NB];
+    for (int i = 0; i < MI; ++i)
+      for (int v = 0; v < NB; ++v)
+        acc[i][v] = accumulate ? _mm256_mul_ps(_mm256_loadu_ps(C + (i0 + i) * ldc + n0 + 8 * v), _mm256_set1_ps(cscale))
+                               : _mm256_setzero_ps();
+    for (int k = 0; k < K; ++k) {
+      __m256 b[NB];
+      for (int v = 0; v < NB; ++v) b[v] = _mm256_loadu_ps(B + k * ldb + n0 + 8 * v);
+      for (int i = 0; i < MI; ++i) {
+        const __m256 av = _mm256_set1_ps(a(i0 + i, k));
+        for (int v = 0; v < NB; ++v) acc[i][v] = _mm256_fmadd_ps(av, b[v], acc[i][v]);
+      }
+    }
+    for (int i = 0; i < MI; ++i)
+      for (int v = 0; v < NB; ++v) _mm256_storeu_ps(C + (i0 + i) * ldc + n0 + 8 * v, acc[i][v]);
+  };
+  const auto rows = [&]<int NB>(int n0) {
+    int i = 0;
+    for (; i + 4 <= M; i += 4) block.template operator()<4, NB>(i, n0);
+    for (; i < M; ++i) block.template operator()<1, NB>(i, n0);
+  };
+  int n = 0;
+  for (; n + 16 <= N; n += 16) rows.template operator()<2>(n);
+  for (; n + 8 <= N; n += 8) rows.template operator()<1>(n);
 #else
   int n = 0;
 #endif
