@@ -317,6 +317,83 @@ inline void from_unpack_order(float* x, int n) {
 #endif
 
 // The generic path of both (any head_dim; other targets): the same quantities, per query vector.
+#if GDN_CPU_AVX2
+// The 8-lane path (AVX2; hd a multiple of 16): rows in natural order, a bf16 element widened by a
+// zero extension and a 16-bit shift. Each key or value vector loaded serves the G query heads, so
+// the widening is one instruction per G FMAs.
+inline __m256 kv_load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 kv_load8(const bf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+// The lane sums of 8 vectors in one vector (lane i: the sum of v[i]): pairs, quads, then the two
+// 128-bit halves; each sum's additions depend only on its own vector's lanes.
+inline __m256 reduce8(const __m256* v) {
+  const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31));
+}
+
+// sc[e][j] = scale · q[e]·k_j for G ≤ 4 query vectors, two key rows at a time: 2·G accumulators
+// (one chain per dot product, 8 dims a step: enough chains to keep both FMA units busy) and one
+// reduce8. A pair short of a row repeats its last row and drops that sum.
+template <int G, typename T>
+inline void attention_scores8(const float* const* q, const T* const* k, int n, int hd, float scale, float* const* sc,
+                              KvPrefetch<T> next) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int j = 0; j < n; j += 2) {
+    for (int r = j; r < std::min(j + 2, next.n); ++r) prefetch_row_bytes(next.k[r], 0, hd * static_cast<int>(sizeof(T)));
+    const T* k0 = k[j];
+    const T* k1 = k[std::min(j + 1, n - 1)];
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int i = 0; i < hd; i += 8) {
+      const __m256 ka = kv_load8(k0 + i), kb = kv_load8(k1 + i);
+      for (int e = 0; e < G; ++e) {
+        const __m256 qe = _mm256_loadu_ps(q[e] + i);
+        acc[2 * e] = _mm256_fmadd_ps(qe, ka, acc[2 * e]);
+        acc[2 * e + 1] = _mm256_fmadd_ps(qe, kb, acc[2 * e + 1]);
+      }
+    }
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_mul_ps(reduce8(acc), vscale));
+    for (int e = 0; e < G; ++e) {
+      sc[e][j] = sums[2 * e];
+      if (j + 1 < n) sc[e][j + 1] = sums[2 * e + 1];
+    }
+  }
+}
+
+// o[e] = corr[e]·o[e] + Σ_j p[e][j]·v_j (corr null: no rescaling), 16 dims at a time: the G·2
+// output vectors stay in registers while the block's value rows stream through (from L2 after
+// the first slice). Each element sums the positions in order.
+template <int G, typename T>
+inline void attention_values8(float* const* o, const float* const* p, const T* const* v, int n, int hd, const float* corr,
+                              KvPrefetch<T> next) {
+  for (int c = 0; c < hd; c += 16) {
+    __m256 acc[G][2];
+    for (int e = 0; e < G; ++e)
+      for (int u = 0; u < 2; ++u) {
+        acc[e][u] = _mm256_loadu_ps(o[e] + c + 8 * u);
+        if (corr) acc[e][u] = _mm256_mul_ps(acc[e][u], _mm256_set1_ps(corr[e]));
+      }
+    const int pb0 = c * static_cast<int>(sizeof(T)), pb1 = (c + 16) * static_cast<int>(sizeof(T));
+    for (int j = 0; j < n; ++j) {
+      if (j < next.n) prefetch_row_bytes(next.v[j], pb0, pb1);
+      const __m256 x0 = kv_load8(v[j] + c), x1 = kv_load8(v[j] + c + 8);
+      for (int e = 0; e < G; ++e) {
+        const __m256 w = _mm256_set1_ps(p[e][j]);
+        acc[e][0] = _mm256_fmadd_ps(w, x0, acc[e][0]);
+        acc[e][1] = _mm256_fmadd_ps(w, x1, acc[e][1]);
+      }
+    }
+    for (int j = n; j < next.n; ++j) prefetch_row_bytes(next.v[j], pb0, pb1);
+    for (int e = 0; e < G; ++e)
+      for (int u = 0; u < 2; ++u) _mm256_storeu_ps(o[e] + c + 8 * u, acc[e][u]);
+  }
+}
+#endif
+
 template <int G, typename T>
 inline void attention_scores_generic(const float* const* q, const T* const* k, int n, int hd, float scale, float* const* sc,
                                      KvPrefetch<T> next) {
@@ -354,15 +431,17 @@ inline float block_max(const float* x, int n) {
 #endif
 }
 
-// Which kernels a task runs: the generic ones (any head_dim; targets without AVX-512), the AVX-512
-// ones (head_dim a multiple of 32; queries and outputs in pair order for a bf16 cache), or the bf16
-// dot-product ones (a bf16 cache on the avx512bf16 target; queries in bf16, outputs in unpack order).
-enum class KvPath { generic, vector, bf16dot };
+// Which kernels a task runs: the AVX-512 ones (head_dim a multiple of 32; queries and outputs in
+// pair order for a bf16 cache), the bf16 dot-product ones (a bf16 cache on the avx512bf16 target;
+// queries in bf16, outputs in unpack order), the 8-lane AVX2 ones (head_dim a multiple of 16,
+// natural order), or the generic ones (any head_dim; the scalar target).
+enum class KvPath { generic, vector, bf16dot, vector8 };
 
 template <typename T>
 inline KvPath kv_path(int hd) {
-  if (!GDN_CPU_AVX512 || hd % 32 != 0) return KvPath::generic;
-  return GDN_CPU_AVX512BF16 && std::is_same_v<T, bf16> ? KvPath::bf16dot : KvPath::vector;
+  if (GDN_CPU_AVX512 && hd % 32 == 0) return GDN_CPU_AVX512BF16 && std::is_same_v<T, bf16> ? KvPath::bf16dot : KvPath::vector;
+  if (GDN_CPU_AVX2 && hd % 16 == 0) return KvPath::vector8;
+  return KvPath::generic;
 }
 
 // The query heads of one row against one block of positions, G at a time (G ≤ 4 a constant),
@@ -381,6 +460,9 @@ inline void attention_heads(const float* const* qv, float* const* o, float* cons
 #endif
 #if GDN_CPU_AVX512
   if (path == KvPath::vector) attention_scores<G>(qv, kp, n, hd, scale, sc, next);
+#endif
+#if GDN_CPU_AVX2
+  if (path == KvPath::vector8) attention_scores8<G>(qv, kp, n, hd, scale, sc, next);
 #endif
   if (path == KvPath::generic) attention_scores_generic<G>(qv, kp, n, hd, scale, sc, next);
   for (int j = n; j < next.n; ++j) prefetch_row_bytes(next.k[j], 0, hd * static_cast<int>(sizeof(T)));
@@ -416,6 +498,12 @@ inline void attention_heads(const float* const* qv, float* const* o, float* cons
 #if GDN_CPU_AVX512
   if (path == KvPath::vector) {
     attention_values<G>(o, p, vp, n, hd, rescale ? corr : nullptr, next);
+    return;
+  }
+#endif
+#if GDN_CPU_AVX2
+  if (path == KvPath::vector8) {
+    attention_values8<G>(o, p, vp, n, hd, rescale ? corr : nullptr, next);
     return;
   }
 #endif
