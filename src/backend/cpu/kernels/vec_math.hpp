@@ -214,69 +214,67 @@ inline void scale(float* y, float a, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] *= a;
 }
 
+#if GDN_CPU_AVX512
+// The float vector gemm_bcast works in: 16 lanes, 4 of them side by side per accumulator row.
+struct FloatLanes {
+  using V = __m512;
+  static constexpr int width = 16, wide = 4;
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+};
+#elif GDN_CPU_AVX2
+// 8 lanes, 2 side by side: 4 rows × 16 columns of accumulators, the B row and the broadcast fit
+// AVX2's 16 registers.
+struct FloatLanes {
+  using V = __m256;
+  static constexpr int width = 8, wide = 2;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+};
+#endif
+
 // C[i][n] = (accumulate ? cscale·C[i][n] : 0) + Σ_k a(i, k)·B[k][n] for i < M, n < N: a small
-// register-blocked matrix product (4 rows × 64 columns of accumulators) for the chunked delta
-// rule, where A's elements come from a functor (strided, scaled or masked views need no copy).
-// Each C element sums k in order; results depend only on the operands, not on M.
+// register-blocked matrix product (4 rows × 64 columns of accumulators on AVX-512, 4 × 16 on AVX2)
+// for the chunked delta rule, where A's elements come from a functor (strided, scaled or masked
+// views need no copy). Each C element is C·cscale, then one FMA per k in order, on every target;
+// results depend only on the operands, not on M.
 template <typename AF>
 inline void gemm_bcast(int M, int N, int K, AF&& a, const float* B, std::int64_t ldb, float* C, std::int64_t ldc,
                        bool accumulate, float cscale = 1.0f) {
-#if GDN_CPU_AVX512
+  int n = 0;
+#if GDN_CPU_AVX2
+  using L = FloatLanes;
   const auto block = [&]<int MI, int NB>(int i0, int n0) {
-    __m512 acc[MI][NB];
+    typename L::V acc[MI][NB];
     for (int i = 0; i < MI; ++i)
       for (int v = 0; v < NB; ++v)
-        acc[i][v] = accumulate ? _mm512_mul_ps(_mm512_loadu_ps(C + (i0 + i) * ldc + n0 + 16 * v), _mm512_set1_ps(cscale))
-                               : _mm512_setzero_ps();
+        acc[i][v] = accumulate ? L::mul(L::load(C + (i0 + i) * ldc + n0 + L::width * v), L::set1(cscale)) : L::zero();
     for (int k = 0; k < K; ++k) {
-      __m512 b[NB];
-      for (int v = 0; v < NB; ++v) b[v] = _mm512_loadu_ps(B + k * ldb + n0 + 16 * v);
+      typename L::V b[NB];
+      for (int v = 0; v < NB; ++v) b[v] = L::load(B + k * ldb + n0 + L::width * v);
       for (int i = 0; i < MI; ++i) {
-        const __m512 av = _mm512_set1_ps(a(i0 + i, k));
-        for (int v = 0; v < NB; ++v) acc[i][v] = _mm512_fmadd_ps(av, b[v], acc[i][v]);
+        const typename L::V av = L::set1(a(i0 + i, k));
+        for (int v = 0; v < NB; ++v) acc[i][v] = L::fma(av, b[v], acc[i][v]);
       }
     }
     for (int i = 0; i < MI; ++i)
-      for (int v = 0; v < NB; ++v) _mm512_storeu_ps(C + (i0 + i) * ldc + n0 + 16 * v, acc[i][v]);
+      for (int v = 0; v < NB; ++v) L::store(C + (i0 + i) * ldc + n0 + L::width * v, acc[i][v]);
   };
   const auto rows = [&]<int NB>(int n0) {
     int i = 0;
     for (; i + 4 <= M; i += 4) block.template operator()<4, NB>(i, n0);
     for (; i < M; ++i) block.template operator()<1, NB>(i, n0);
   };
-  int n = 0;
-  for (; n + 64 <= N; n += 64) rows.template operator()<4>(n);
-  for (; n + 16 <= N; n += 16) rows.template operator()<1>(n);
-#elif GDN_CPU_AVX2
-  // The same per element (C·cscale, then one FMA per k in order) with 8-lane vectors: 4 rows × 16
-  // columns of accumulators fit AVX2's 16 registers with the B row and the broadcast.
-  const auto block = [&]<int MI, int NB>(int i0, int n0) {
-    __m256 acc[MI][NB];
-    for (int i = 0; i < MI; ++i)
-      for (int v = 0; v < NB; ++v)
-        acc[i][v] = accumulate ? _mm256_mul_ps(_mm256_loadu_ps(C + (i0 + i) * ldc + n0 + 8 * v), _mm256_set1_ps(cscale))
-                               : _mm256_setzero_ps();
-    for (int k = 0; k < K; ++k) {
-      __m256 b[NB];
-      for (int v = 0; v < NB; ++v) b[v] = _mm256_loadu_ps(B + k * ldb + n0 + 8 * v);
-      for (int i = 0; i < MI; ++i) {
-        const __m256 av = _mm256_set1_ps(a(i0 + i, k));
-        for (int v = 0; v < NB; ++v) acc[i][v] = _mm256_fmadd_ps(av, b[v], acc[i][v]);
-      }
-    }
-    for (int i = 0; i < MI; ++i)
-      for (int v = 0; v < NB; ++v) _mm256_storeu_ps(C + (i0 + i) * ldc + n0 + 8 * v, acc[i][v]);
-  };
-  const auto rows = [&]<int NB>(int n0) {
-    int i = 0;
-    for (; i + 4 <= M; i += 4) block.template operator()<4, NB>(i, n0);
-    for (; i < M; ++i) block.template operator()<1, NB>(i, n0);
-  };
-  int n = 0;
-  for (; n + 16 <= N; n += 16) rows.template operator()<2>(n);
-  for (; n + 8 <= N; n += 8) rows.template operator()<1>(n);
-#else
-  int n = 0;
+  for (; n + L::wide * L::width <= N; n += L::wide * L::width) rows.template operator()<L::wide>(n);
+  for (; n + L::width <= N; n += L::width) rows.template operator()<1>(n);
 #endif
   if (n < N) {
     for (int i = 0; i < M; ++i)
