@@ -265,10 +265,10 @@ void scalar_range(QuantFormat f, const std::uint8_t* image, std::int64_t kb, std
 
 #define GDN_T_AVX2Q __attribute__((target("avx2,fma,f16c")))
 
-GDN_T_AVX2Q inline __m256i dot4_avx2(QuantFormat f, __m256i w, __m256i x) {
-  // q8: |q| · sign(x, q) keeps vpmaddubsw's pair sums below 2¹⁵; q4 (q + 8 ≤ 15) fits as it is.
-  const __m256i pairs = f == QuantFormat::q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-                                               : _mm256_maddubs_epi16(w, x);
+// q8_0's 4-byte dot products: |q| · sign(x, q) keeps vpmaddubsw's pair sums below 2¹⁵ (the
+// 4-bit formats' nibbles fit as they are, and their pair sums are widened per block, below).
+GDN_T_AVX2Q inline __m256i dot4_q8_avx2(__m256i w, __m256i x) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
@@ -325,15 +325,16 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
             const __m256i vh = _mm256_set1_epi32(h4), vl = _mm256_set1_epi32(l4);
             for (int i = 0; i < 4; ++i) {  // rows 8i .. 8i + 7
               const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + g * 128 + i * 32));
-              H[i] = _mm256_add_epi32(H[i], dot4_avx2(F, w, vh));
-              L[i] = _mm256_add_epi32(L[i], dot4_avx2(F, w, vl));
+              H[i] = _mm256_add_epi32(H[i], dot4_q8_avx2(w, vh));
+              L[i] = _mm256_add_epi32(L[i], dot4_q8_avx2(w, vl));
             }
           }
         } else {
           // vpmaddubsw's pair sums are added as int16 over several chunks before one vpmaddwd
           // widens them: |pair| ≤ 2 · 15 · 127 = 3810 for 4-bit values, so all 8 of a block fit
           // (30480 < 2¹⁵); q5_0's ≤ 2 · 31 · 127 = 7874, so 4 (31496). Exact, 2 of 9 instructions
-          // per 64 weights fewer (the batch-1 4-bit kernel is compute-bound on AVX2).
+          // per 64 weights fewer: what bounds the sweeps of prefill and batched decode (batch 1
+          // streams at about a plain read's pace either way).
           constexpr int chunks_per_widen = F == QuantFormat::q5_0 ? 2 : 4;  // g steps, two pair sums each
           __m256i P[4];
           for (int i = 0; i < 4; ++i) P[i] = _mm256_setzero_si256();

@@ -316,7 +316,6 @@ inline void from_unpack_order(float* x, int n) {
 }
 #endif
 
-// The generic path of both (any head_dim; other targets): the same quantities, per query vector.
 #if GDN_CPU_AVX2
 // The 8-lane path (AVX2; hd a multiple of 16): rows in natural order, a bf16 element widened by a
 // zero extension and a 16-bit shift. Each key or value vector loaded serves the G query heads, so
@@ -394,6 +393,7 @@ inline void attention_values8(float* const* o, const float* const* p, const T* c
 }
 #endif
 
+// The generic path of both (any head_dim; other targets): the same quantities, per query vector.
 template <int G, typename T>
 inline void attention_scores_generic(const float* const* q, const T* const* k, int n, int hd, float scale, float* const* sc,
                                      KvPrefetch<T> next) {
