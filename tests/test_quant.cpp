@@ -431,6 +431,9 @@ TEST_CASE("quantised activations: the parts follow the stated rule, block by blo
         const float l = std::clamp(std::nearbyint((u - h) * 254.0f), -127.0f, 127.0f);
         REQUIRE(static_cast<std::int8_t>(p[32 * b + j]) == static_cast<int>(h));
         REQUIRE(static_cast<std::int8_t>(p[kp + 32 * b + j]) == static_cast<int>(l));
+        std::int16_t a;  // the parts' int16 combination, after the scales and sums (64-aligned)
+        std::memcpy(&a, p + (2 * kp + kp / 32 * 12 + 63) / 64 * 64 + 2 * (32 * b + j), 2);
+        REQUIRE(a == static_cast<int>(254 * h + l));
         sh += static_cast<std::int32_t>(h);
         sl += static_cast<std::int32_t>(l);
       }

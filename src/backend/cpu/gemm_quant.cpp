@@ -9,8 +9,8 @@
 // class of machine (the kernel would be compute-bound); vpdpbusd multiplies 4 × 16 bytes and sums
 // in one instruction, so it costs far less than the weight stream at batch 1 and keeps batched
 // decode and prefill ahead of the bf16 FMA kernel (one vpdpbusd does 64 multiply-adds, an FMA 16).
-// q8_0 takes both activation parts (two vpdpbusd per weight chunk), the 4-bit formats only the
-// high one (quant.hpp says why): the second vpdpbusd bounded 4-bit prefill and batched decode on
+// q8_0 takes both activation parts (two vpdpbusd per weight chunk; AVX2 their int16 combination,
+// one vpmaddwd per pair of weights), the 4-bit formats only the high one (quant.hpp says why): the second vpdpbusd bounded 4-bit prefill and batched decode on
 // a 2-core machine (512-token prefill of the 0.8B shape 1.4–1.6× faster without it).
 //
 // vpdpbusd multiplies unsigned by signed bytes: the activation parts are the signed operand, the
@@ -19,8 +19,11 @@
 // q + 128 by one xor per 64 bytes — and the offset times the block's sum of activation parts is
 // subtracted from the int32 sum (exact); q4_k's nibbles are q ∈ [0, 15] already, its offset m a
 // float term of its own. AVX2's vpmaddubsw saturates its 16-bit pair sums, which
-// 255 · 127 · 2 would: q8 goes through |q| and sign(h, q) (127 · 127 · 2 fits), q4's nibbles fit as
-// they are (q5_0's too: 31 · 127 · 2 < 2¹⁵).
+// 255 · 127 · 2 would: q4's nibbles fit as they are (q5_0's too: 31 · 127 · 2 < 2¹⁵); q8 widens
+// its weights to int16 and multiplies them with a = 254·h + l (vpmaddwd: 2 · 127 · 32385 fits an
+// int32 lane), which gives q8_0's sum S in about half the instructions of taking h and l through
+// vpmaddubsw with |q| and sign(x, q) apart (what bounded q8_0 prefill on AVX2: 4–8% slower than
+// bf16 with the two parts apart).
 
 #include <algorithm>
 #include <bit>
@@ -48,9 +51,9 @@
 namespace gdn::cpu {
 namespace {
 
-constexpr float low_part_weight = 1.0f / 254.0f;  // l's weight in x ≈ s (h + l / 254)
+constexpr float low_part_weight = 1.0f / 254.0f;  // t = S · (1/254) ≈ H + L / 254 (quant.hpp)
 
-std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
+constexpr std::int64_t round_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b * b; }
 // Bytes of a tile's integers (its 32 half scales follow): q5_0's are its nibbles, then its fifth bits.
 constexpr std::int64_t int_bytes(QuantFormat f) { return f == QuantFormat::q8_0 ? 1024 : f == QuantFormat::q5_0 ? 640 : 512; }
 constexpr std::int64_t q5_bits = 512;  // offset of q5_0's fifth bits in a tile
@@ -161,19 +164,24 @@ struct ActRow {
   const std::int8_t* hi;
   const std::int8_t* lo;
   const float* scale;
-  const std::int32_t* sums;  // [block][2]: Σh, Σl
+  const std::int32_t* sums;   // [block][2]: Σh, Σl
+  const std::int16_t* wide;   // a = 254·h + l
 };
+// Offset of a row's int16 combinations (quant.hpp's layout).
+constexpr std::int64_t wide_offset(std::int64_t kp) { return round_up(2 * kp + kp / 32 * 12, 64); }
 inline ActRow act_row(const QuantActivations& x, std::int64_t r) {
   const std::byte* p = x.data + r * x.stride;
   return ActRow{reinterpret_cast<const std::int8_t*>(p), reinterpret_cast<const std::int8_t*>(p + x.kp),
                 reinterpret_cast<const float*>(p + 2 * x.kp),
-                reinterpret_cast<const std::int32_t*>(p + 2 * x.kp + x.kp / 32 * 4)};
+                reinterpret_cast<const std::int32_t*>(p + 2 * x.kp + x.kp / 32 * 4),
+                reinterpret_cast<const std::int16_t*>(p + wide_offset(x.kp))};
 }
 
-// The shared epilogue of a block for one lane: see quant.hpp. Two parts (q8_0), and the high part
-// alone (the 4-bit formats: the same value block_step gives for L = 0, fma(0, c, H) being H).
-inline float block_step(std::int32_t H, std::int32_t L, float s, float d, float acc) {
-  const float t = std::fma(static_cast<float>(L), low_part_weight, static_cast<float>(H));
+// The shared epilogue of a block for one lane: see quant.hpp. q8_0 from its sum S = 254·H + L, and
+// the high part alone (the 4-bit formats).
+inline std::int32_t combined_sum(std::int32_t H, std::int32_t L) { return 254 * H + L; }
+inline float block_step(std::int32_t S, float s, float d, float acc) {
+  const float t = static_cast<float>(S) * low_part_weight;
   return std::fma(d, t * s, acc);
 }
 inline float block_step_high(std::int32_t H, float s, float d, float acc) {
@@ -238,6 +246,8 @@ void scalar_range(QuantFormat f, const std::uint8_t* image, std::int64_t kb, std
       float acc = 0.0f;
       for (std::int64_t b = 0; b < kb; ++b) {
         const std::uint8_t* t = group + b * tb;
+        // The parts apart, as the byte dot-product kernels take them: AVX2's sum from the int16
+        // combinations is checked against this one bit for bit (test_quant).
         std::int32_t H = 0, L = 0;
         for (std::int64_t j = 0; j < 32; ++j) {
           const int q = tile_q(f, t, n % 32, j);
@@ -249,7 +259,7 @@ void scalar_range(QuantFormat f, const std::uint8_t* image, std::int64_t kb, std
           q4k_block_dm(group, kb, b, n % 32, d, m);
           acc = std::fma(-m, offset_factor(a, b), block_step_high(H, a.scale[b], d, acc));
         } else if (uses_low_part(f)) {
-          acc = block_step(H, L, a.scale[b], tile_scale(f, t, n % 32), acc);
+          acc = block_step(combined_sum(H, L), a.scale[b], tile_scale(f, t, n % 32), acc);
         } else {
           acc = block_step_high(H, a.scale[b], tile_scale(f, t, n % 32), acc);
         }
@@ -264,13 +274,6 @@ void scalar_range(QuantFormat f, const std::uint8_t* image, std::int64_t kb, std
 // AVX2: one activation row at a time over a group's tile, 8 rows of the group per ymm.
 
 #define GDN_T_AVX2Q __attribute__((target("avx2,fma,f16c")))
-
-// q8_0's 4-byte dot products: |q| · sign(x, q) keeps vpmaddubsw's pair sums below 2¹⁵ (the
-// 4-bit formats' nibbles fit as they are, and their pair sums are widened per block, below).
-GDN_T_AVX2Q inline __m256i dot4_q8_avx2(__m256i w, __m256i x) {
-  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-}
 
 // q5_0: 32 fifth bits (a little-endian word of a mask, quant.hpp) as bytes of 16 or 0, byte k
 // from bit k: each byte picks its word byte, then tests its bit.
@@ -313,22 +316,31 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
               M[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 64 + 16 * i)));
             }
           }
-        __m256i H[4], L[4];
-        for (int i = 0; i < 4; ++i) H[i] = L[i] = _mm256_setzero_si256();
+        __m256i H[4];  // per row of the group: q8_0's S, the 4-bit formats' H (quant.hpp)
+        for (int i = 0; i < 4; ++i) H[i] = _mm256_setzero_si256();
         const std::int8_t* xh = a.hi + 32 * b;
-        const std::int8_t* xl = a.lo + 32 * b;  // q8_0 only
         if constexpr (F == QuantFormat::q8_0) {
+          // A slice of 32 bytes (rows 8i .. 8i + 7, columns 4g .. 4g + 3) widens to two int16
+          // vectors of 4 rows each; vpmaddwd against the 4 columns' a leaves two int32 lanes per
+          // row (columns 4g, 4g + 1 and 4g + 2, 4g + 3), summed over the block in A (rows 8i ..
+          // 8i + 3) and B (8i + 4 .. 8i + 7), then pairwise by one vphaddd.
+          __m256i A[4], B[4];
+          for (int i = 0; i < 4; ++i) A[i] = B[i] = _mm256_setzero_si256();
+          const std::int16_t* xa = a.wide + 32 * b;
           for (int g = 0; g < 8; ++g) {
-            std::int32_t h4, l4;
-            std::memcpy(&h4, xh + 4 * g, 4);
-            std::memcpy(&l4, xl + 4 * g, 4);
-            const __m256i vh = _mm256_set1_epi32(h4), vl = _mm256_set1_epi32(l4);
-            for (int i = 0; i < 4; ++i) {  // rows 8i .. 8i + 7
-              const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + g * 128 + i * 32));
-              H[i] = _mm256_add_epi32(H[i], dot4_q8_avx2(w, vh));
-              L[i] = _mm256_add_epi32(L[i], dot4_q8_avx2(w, vl));
+            std::int64_t a4;
+            std::memcpy(&a4, xa + 4 * g, 8);
+            const __m256i va = _mm256_set1_epi64x(a4);
+            for (int i = 0; i < 4; ++i) {
+              const std::uint8_t* w = t + g * 128 + i * 32;
+              const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+              const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+              A[i] = _mm256_add_epi32(A[i], _mm256_madd_epi16(w03, va));
+              B[i] = _mm256_add_epi32(B[i], _mm256_madd_epi16(w47, va));
             }
           }
+          // vphaddd works in 128-bit halves: rows 0, 1, 4, 5 | 2, 3, 6, 7; the permute restores the order.
+          for (int i = 0; i < 4; ++i) H[i] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(A[i], B[i]), 0xD8);
         } else {
           // vpmaddubsw's pair sums are added as int16 over several chunks before one vpmaddwd
           // widens them: |pair| ≤ 2 · 15 · 127 = 3810 for 4-bit values, so all 8 of a block fit
@@ -367,8 +379,7 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
         [[maybe_unused]] __m256 z;  // q4_k: the block's offset factor, one per row and block
         if constexpr (F == QuantFormat::q4_k) z = _mm256_set1_ps(offset_factor(a, b));
         for (int i = 0; i < 4; ++i) {
-          const __m256 tt = uses_low_part(F) ? _mm256_fmadd_ps(_mm256_cvtepi32_ps(L[i]), c, _mm256_cvtepi32_ps(H[i]))
-                                             : _mm256_cvtepi32_ps(H[i]);
+          const __m256 tt = uses_low_part(F) ? _mm256_mul_ps(_mm256_cvtepi32_ps(H[i]), c) : _mm256_cvtepi32_ps(H[i]);
           if constexpr (F == QuantFormat::q4_k) {
             const __m256 d = _mm256_mul_ps(D[i], u8_to_ps_avx2(t + q4k_sc + 8 * i));
             const __m256 m = _mm256_mul_ps(M[i], u8_to_ps_avx2(t + q4k_mn + 8 * i));
@@ -391,10 +402,12 @@ GDN_T_AVX2Q void avx2_range(const std::uint8_t* image, std::int64_t kb, std::int
 // AVX-512 VNNI: R activation rows at a time over a group's tiles, 16 rows of the group per zmm.
 
 // The shared epilogue of one block (quant.hpp) for 16 output lanes: exact sums H and L (the zero
-// point already taken off), the activation scale s and the weight scales d. Every AVX-512 path
-// (VNNI, AMX-INT8) calls this, so their results are the same bits by construction.
+// point already taken off), combined into S = 254·H + L, the activation scale s and the weight
+// scales d. Every AVX-512 path (VNNI, AMX-INT8) calls this, so their results are the same bits by
+// construction.
 GDN_T_VNNI inline __m512 block_step16(__m512i H, __m512i L, __m512 s, __m512 d, __m512 acc) {
-  const __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(L), _mm512_set1_ps(low_part_weight), _mm512_cvtepi32_ps(H));
+  const __m512i S = _mm512_add_epi32(_mm512_mullo_epi32(H, _mm512_set1_epi32(254)), L);
+  const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(low_part_weight));
   return _mm512_fmadd_ps(d, _mm512_mul_ps(t, s), acc);
 }
 // The same for the high part alone (the 4-bit formats; block_step_high).
@@ -910,7 +923,7 @@ float quant_image_value(QuantFormat f, const std::byte* image, std::int64_t out,
 
 std::int64_t quant_activation_stride(std::int64_t in) noexcept {
   const std::int64_t kp = round_up(std::max<std::int64_t>(in, 1), 32);
-  return round_up(2 * kp + kp / 32 * 12, 64);
+  return wide_offset(kp) + 2 * kp;
 }
 
 namespace {
@@ -1027,6 +1040,8 @@ void quantize_activations(const float* x, std::int64_t ldx, std::int64_t r0, std
       for (std::int64_t j = 0; j < n; ++j) v[j] = xr[32 * b + j];
       quantize_block_scalar(v, hi + 32 * b, lo + 32 * b, scale + b, sums + 2 * b);
     }
+    auto* wide = reinterpret_cast<std::int16_t*>(p + wide_offset(kp));
+    for (std::int64_t j = 0; j < kp; ++j) wide[j] = static_cast<std::int16_t>(254 * hi[j] + lo[j]);
   }
 }
 

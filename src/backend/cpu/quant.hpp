@@ -41,16 +41,20 @@
 //
 // Arithmetic. The activations of a call are quantised once per row and block of 32 into two int8
 // parts: with s = max|x| / 127, h = round(x / s) and l = round((x / s − h) · 254), x ≈ s (h + l/254)
-// (a relative error near 2⁻¹⁶ of the block's largest value: effectively 16-bit activations). q8_0
-// takes both parts, so its error is the weights' own; the 4- and 5-bit formats take h alone (x ≈ s·h,
-// 8-bit activations as llama.cpp's Q8_0 ones): there a weight's rounding error (about 9% of the
-// block's RMS for q4_0, half that for q5_0) dwarfs the activation's (under 1%), and one vpdpbusd per weight chunk
+// (a relative error near 2⁻¹⁶ of the block's largest value: effectively 16-bit activations), and
+// the parts' int16 combination a = 254·h + l (|a| ≤ 32385). q8_0 takes both parts, so its error is
+// the weights' own; the 4- and 5-bit formats take h alone (x ≈ s·h, 8-bit activations as
+// llama.cpp's Q8_0 ones): there a weight's rounding error (about 9% of the block's RMS for q4_0,
+// half that for q5_0) dwarfs the activation's (under 1%), and one vpdpbusd per weight chunk
 // instead of two is what bounds 4-bit prefill and batched decode on a machine of few cores. An
 // output is then
-//   y = Σ_blocks d · (s · (H + L / 254)),   H = Σ q·h,  L = Σ q·l  (exact int32 sums; L = 0 at 4 and 5 bits)
-// evaluated per block as t = fma(L, 1/254, H) (t = H there: the same value), v = t · s,
-// acc = fma(d, v, acc), blocks in k order; q4_k then takes its offset off the same block:
-// acc = fma(−m, Σh · s, acc).
+//   y = Σ_blocks d · (s · S / 254)   q8_0:  S = Σ q·a = 254·H + L,  H = Σ q·h,  L = Σ q·l
+//   y = Σ_blocks d · (s · H)         4- and 5-bit formats
+// (exact int32 sums: |S| ≤ 32 · 127 · 32385 < 2³¹), evaluated per block as t = float(S) · (1/254)
+// (t = float(H) at 4 and 5 bits), v = t · s, acc = fma(d, v, acc), blocks in k order; q4_k then
+// takes its offset off the same block: acc = fma(−m, Σh · s, acc). Kernels with byte dot products
+// (VNNI, AMX) sum H and L and combine them; AVX2, which has none without saturation, takes S from
+// a with one 16-bit multiply-add (vpmaddwd) per pair of weights — the same integer either way.
 // Every kernel (AVX-512 VNNI, AVX2, scalar) computes exactly these operations, so all of them give
 // bit-identical results, and a row's result never depends on the other rows of the call (batch
 // invariance: batched decode == single decode, bit for bit).
@@ -98,8 +102,9 @@ void fit_q4k_block(const float* w, int n, float& d, float& m);  // the definitio
 float quant_image_value(QuantFormat f, const std::byte* image, std::int64_t out, std::int64_t in, std::int64_t n,
                         std::int64_t k) noexcept;
 
-// A call's quantised activations: per row, kp int8 high parts, kp int8 low parts, kp/32 scales and
-// kp/32 pairs of part sums (kp: `in` rounded up to 32), `stride` bytes apart.
+// A call's quantised activations: per row, kp int8 high parts, kp int8 low parts, kp/32 scales,
+// kp/32 pairs of part sums (kp: `in` rounded up to 32), then from the next multiple of 64 bytes kp
+// int16 combinations a = 254·h + l; rows `stride` bytes apart.
 struct QuantActivations {
   const std::byte* data = nullptr;
   std::int64_t in = 0, kp = 0, stride = 0;
