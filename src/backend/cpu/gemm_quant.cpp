@@ -10,8 +10,9 @@
 // in one instruction, so it costs far less than the weight stream at batch 1 and keeps batched
 // decode and prefill ahead of the bf16 FMA kernel (one vpdpbusd does 64 multiply-adds, an FMA 16).
 // q8_0 takes both activation parts (two vpdpbusd per weight chunk; AVX2 their int16 combination,
-// one vpmaddwd per pair of weights), the 4-bit formats only the high one (quant.hpp says why): the second vpdpbusd bounded 4-bit prefill and batched decode on
-// a 2-core machine (512-token prefill of the 0.8B shape 1.4–1.6× faster without it).
+// one vpmaddwd per pair of weights), the 4-bit formats only the high one (quant.hpp says why):
+// the second vpdpbusd bounded 4-bit prefill and batched decode on a 2-core machine (512-token
+// prefill of the 0.8B shape 1.4–1.6× faster without it).
 //
 // vpdpbusd multiplies unsigned by signed bytes: the activation parts are the signed operand, the
 // weights the unsigned one — q4_0 nibbles are stored as q + 8 ∈ [0, 15], q5_0's q + 16 ∈ [0, 31]
